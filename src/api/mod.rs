@@ -1,0 +1,142 @@
+//! Kubernetes API types of the three kinds catalogsync reads or writes, and the names
+//! (labels, field managers, condition types) that make up its contract with the KCP and SKRs.
+//!
+//! The types mirror lifecycle-manager's `api/v1beta2` schemas closely enough that objects
+//! written through KLM's CRDs are accepted by ours and round-trip without losing fields
+//! (`data` and `descriptor` preserve unknown fields).
+
+mod kyma;
+mod module_release_meta;
+mod module_template;
+
+pub use kyma::{Kyma, KymaSpec, KymaStatus, Module, ModuleStatus, LastOperation, TrackingObject, TrackingMetadata};
+pub use module_release_meta::{ChannelVersion, Mandatory, ModuleReleaseMeta, ModuleReleaseMetaSpec};
+pub use module_template::{
+    AssociatedResource, CustomStateCheck, Link, Manager, ModuleInfo, ModuleTemplate, ModuleTemplateSpec,
+};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+/// API group of all three kinds.
+pub const GROUP: &str = "operator.kyma-project.io";
+/// Served and stored API version of all three kinds.
+pub const VERSION: &str = "v1beta2";
+
+/// MT label that marks a beta version, and Kyma label that allows beta entries (`"true"`).
+pub const BETA_LABEL: &str = "operator.kyma-project.io/beta";
+/// MT label that marks an internal version, and Kyma label that allows internal entries.
+pub const INTERNAL_LABEL: &str = "operator.kyma-project.io/internal";
+/// Kyma label that makes catalogsync leave the Kyma (and its SKR) alone when `"true"`.
+pub const SKIP_RECONCILIATION_LABEL: &str = "operator.kyma-project.io/skip-reconciliation";
+/// Label on an access Secret naming the Kyma whose SKR its kubeconfig reaches.
+pub const KYMA_NAME_LABEL: &str = "operator.kyma-project.io/kyma-name";
+/// Data key of the kubeconfig in an access Secret.
+pub const KUBECONFIG_KEY: &str = "config";
+/// Label added to every SKR copy and SKR CRD (the Kyma CLI and Busola select on it).
+pub const MANAGED_BY_LABEL: &str = "operator.kyma-project.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`] on SKR copies.
+pub const MANAGED_BY_VALUE: &str = "kyma";
+
+/// Field manager of every SKR write. It is the one lifecycle-manager uses, so copies written
+/// by KLM are adopted, repaired and pruned without a migration step.
+pub const SKR_FIELD_MANAGER: &str = "catalog-sync";
+/// Field manager of catalogsync's only KCP write, the `ModuleCatalog` condition of a Kyma.
+pub const KCP_FIELD_MANAGER: &str = "catalogsync";
+/// Type of the Kyma status condition catalogsync owns.
+pub const MODULE_CATALOG_CONDITION: &str = "ModuleCatalog";
+/// Annotation a copy must not carry into an SKR (it would restore KCP history there).
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Returns true when a label value turns a flag on: `"true"`, compared case-insensitively.
+pub fn is_flag_on(value: Option<&String>) -> bool {
+    value.is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// The CRDs of the three kinds, generated from the Rust types.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![Kyma::crd(), ModuleTemplate::crd(), ModuleReleaseMeta::crd()]
+}
+
+/// The CRDs of the three kinds as one multi-document YAML stream, as committed under
+/// `deploy/crds/`.
+///
+/// # Errors
+/// Fails only if a CRD cannot be serialised, which would be a bug in the types.
+pub fn crds_yaml() -> Result<String, serde_saphyr::ser::Error> {
+    let mut out = String::new();
+    for crd in crds() {
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(&crd)?);
+    }
+    Ok(out)
+}
+
+/// Schema helpers shared by the three kinds.
+pub(crate) mod schema {
+    use schemars::{Schema, SchemaGenerator, json_schema};
+
+    /// An object whose fields the apiserver keeps as they are (`descriptor`).
+    pub fn preserve_unknown_object(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": true,
+        })
+    }
+
+    /// An embedded Kubernetes object with unknown fields kept (`data`).
+    pub fn embedded_resource(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "object",
+            "nullable": true,
+            "x-kubernetes-embedded-resource": true,
+            "x-kubernetes-preserve-unknown-fields": true,
+        })
+    }
+
+    /// A list of `metav1.Condition`, as a list-map keyed by `type`.
+    pub fn conditions(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+            "items": {
+                "type": "object",
+                "required": ["lastTransitionTime", "message", "reason", "status", "type"],
+                "properties": {
+                    "type": {"type": "string", "maxLength": 316},
+                    "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                    "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+                    "lastTransitionTime": {"type": "string", "format": "date-time"},
+                    "reason": {"type": "string", "maxLength": 1024, "minLength": 1},
+                    "message": {"type": "string", "maxLength": 32768},
+                },
+            },
+        })
+    }
+
+    /// A `metav1.LabelSelector`.
+    pub fn label_selector(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "object",
+            "nullable": true,
+            "x-kubernetes-map-type": "atomic",
+            "properties": {
+                "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "matchExpressions": {
+                    "type": "array",
+                    "x-kubernetes-list-type": "atomic",
+                    "items": {
+                        "type": "object",
+                        "required": ["key", "operator"],
+                        "properties": {
+                            "key": {"type": "string"},
+                            "operator": {"type": "string"},
+                            "values": {"type": "array", "x-kubernetes-list-type": "atomic", "items": {"type": "string"}},
+                        },
+                    },
+                },
+            },
+        })
+    }
+}

@@ -1,0 +1,175 @@
+//! The desired catalog of one Kyma (pure): spec section 2.
+//!
+//! 1. Mandatory MRMs and MTs are skipped.
+//! 2. An MT is allowed unless it is beta and the Kyma is not, or internal and the Kyma is not.
+//! 3. An MRM keeps a channel only if an allowed MT named `<moduleName>-<version>` exists.
+//! 4. A restricted module's MRM needs a non-empty `kymaSelector` that matches the Kyma; an MRM
+//!    with a selector whose module is not restricted, or whose selector does not parse, is
+//!    skipped with a warning.
+//! 5. An MRM with a surviving channel is desired, its `spec.channels` cut to the survivors.
+//! 6. The desired MTs are the allowed MTs referenced by a surviving channel.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
+use crate::catalog::selector;
+use crate::catalog::{CatalogKind, Snapshot, content_hash};
+
+/// One object an SKR should hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredObject {
+    /// Object name in the SKR sync namespace.
+    pub name: String,
+    /// The apply body.
+    pub payload: Arc<Value>,
+    /// [`content_hash`] of `payload`.
+    pub hash: u64,
+}
+
+/// Everything one SKR should hold, by kind and name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DesiredSet {
+    /// ModuleTemplates by name.
+    pub templates: BTreeMap<String, DesiredObject>,
+    /// ModuleReleaseMetas by name.
+    pub release_metas: BTreeMap<String, DesiredObject>,
+}
+
+impl DesiredSet {
+    /// The objects of one kind.
+    pub fn of(&self, kind: CatalogKind) -> &BTreeMap<String, DesiredObject> {
+        match kind {
+            CatalogKind::ModuleTemplate => &self.templates,
+            CatalogKind::ModuleReleaseMeta => &self.release_metas,
+        }
+    }
+
+    /// A stable fingerprint of the whole set: equal fingerprints mean equal sets.
+    pub fn fingerprint(&self) -> u64 {
+        let mut acc = xxhash_rust::xxh3::Xxh3::new();
+        for (kind, objects) in [("mt", &self.templates), ("mrm", &self.release_metas)] {
+            for (name, obj) in objects {
+                acc.update(kind.as_bytes());
+                acc.update(name.as_bytes());
+                acc.update(&obj.hash.to_le_bytes());
+            }
+        }
+        acc.digest()
+    }
+
+    /// Total number of objects.
+    pub fn len(&self) -> usize {
+        self.templates.len() + self.release_metas.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Something the filter skipped that an operator should hear about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Warning {
+    /// A non-restricted module's MRM carries a `kymaSelector`.
+    SelectorOnUnrestrictedModule {
+        /// MRM name.
+        release_meta: String,
+    },
+    /// An MRM's `kymaSelector` does not parse.
+    InvalidSelector {
+        /// MRM name.
+        release_meta: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Computes the desired catalog of a Kyma with `kyma_labels`, given the KCP catalog and the
+/// configured restricted module names. Pure; the second value lists what was skipped with a
+/// warning.
+pub fn desired_set(
+    snapshot: &Snapshot,
+    kyma_labels: &BTreeMap<String, String>,
+    restricted_modules: &BTreeSet<String>,
+) -> (DesiredSet, Vec<Warning>) {
+    let kyma_beta = is_flag_on(kyma_labels.get(BETA_LABEL));
+    let kyma_internal = is_flag_on(kyma_labels.get(INTERNAL_LABEL));
+    let mut out = DesiredSet::default();
+    let mut warnings = Vec::new();
+    let mut wanted_templates = BTreeSet::new();
+
+    for mrm in snapshot.release_metas.values() {
+        if mrm.mandatory {
+            continue;
+        }
+        let restricted = restricted_modules.contains(&mrm.module_name);
+        match (&mrm.kyma_selector, restricted) {
+            (Some(Err(reason)), _) => {
+                warnings.push(Warning::InvalidSelector { release_meta: mrm.name.clone(), reason: reason.clone() });
+                continue;
+            }
+            (Some(Ok(_)), false) => {
+                warnings.push(Warning::SelectorOnUnrestrictedModule { release_meta: mrm.name.clone() });
+                continue;
+            }
+            (None, true) => continue,
+            (Some(Ok(sel)), true) => {
+                if selector::is_empty(sel) {
+                    continue;
+                }
+                match selector::matches(sel, kyma_labels) {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(e) => {
+                        warnings
+                            .push(Warning::InvalidSelector { release_meta: mrm.name.clone(), reason: e.to_string() });
+                        continue;
+                    }
+                }
+            }
+            (None, false) => {}
+        }
+
+        let survivors: Vec<ChannelVersion> = mrm
+            .channels
+            .iter()
+            .filter(|c| {
+                let mt_name = format!("{}-{}", mrm.module_name, c.version);
+                snapshot.templates.get(&mt_name).is_some_and(|mt| mt.is_allowed_for(kyma_beta, kyma_internal))
+            })
+            .cloned()
+            .collect();
+        if survivors.is_empty() {
+            continue;
+        }
+        for c in &survivors {
+            wanted_templates.insert(format!("{}-{}", mrm.module_name, c.version));
+        }
+        let payload = if survivors.len() == mrm.channels.len() {
+            Arc::clone(&mrm.payload)
+        } else {
+            let mut body = (*mrm.payload).clone();
+            if let Some(spec) = body.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.insert("channels".into(), serde_json::to_value(&survivors).unwrap_or_default());
+            }
+            Arc::new(body)
+        };
+        let hash = content_hash(&payload);
+        out.release_metas.insert(mrm.name.clone(), DesiredObject { name: mrm.name.clone(), payload, hash });
+    }
+
+    for mt in snapshot.templates.values() {
+        let key = format!("{}-{}", mt.module_name, mt.version);
+        if mt.is_allowed_for(kyma_beta, kyma_internal) && wanted_templates.contains(&key) {
+            out.templates.insert(
+                mt.name.clone(),
+                DesiredObject { name: mt.name.clone(), payload: Arc::clone(&mt.payload), hash: mt.hash },
+            );
+        }
+    }
+    (out, warnings)
+}

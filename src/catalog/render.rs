@@ -1,0 +1,149 @@
+//! Turns a KCP catalog object into the body catalogsync applies to an SKR (pure).
+//!
+//! A copy is the KCP object with its identity and history removed (`resourceVersion`, `uid`,
+//! `managedFields`, `creationTimestamp`, `generation`, `ownerReferences`, `finalizers`: KCP
+//! UIDs mean nothing in an SKR, and an owner reference to a missing UID invites the SKR's
+//! garbage collector), its namespace rewritten, the label
+//! `operator.kyma-project.io/managed-by=kyma` added, and the KCP labels and annotations
+//! otherwise kept, except `kubectl.kubernetes.io/last-applied-configuration`.
+
+use kube::api::DynamicObject;
+use serde_json::{Map, Value, json};
+
+use crate::api::{GROUP, LAST_APPLIED_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE, VERSION};
+use crate::catalog::CatalogKind;
+
+/// Renders the SKR copy of `obj` (a KCP object of `kind`) for namespace `sync_namespace`.
+pub fn render_copy(obj: &DynamicObject, kind: CatalogKind, sync_namespace: &str) -> Value {
+    let meta = &obj.metadata;
+    let mut labels: Map<String, Value> =
+        meta.labels.iter().flatten().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+    labels.insert(MANAGED_BY_LABEL.to_owned(), Value::String(MANAGED_BY_VALUE.to_owned()));
+    let annotations: Map<String, Value> = meta
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.as_str() != LAST_APPLIED_ANNOTATION)
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+
+    let mut metadata = Map::new();
+    metadata.insert("name".into(), json!(meta.name.clone().unwrap_or_default()));
+    metadata.insert("namespace".into(), json!(sync_namespace));
+    metadata.insert("labels".into(), Value::Object(labels));
+    if !annotations.is_empty() {
+        metadata.insert("annotations".into(), Value::Object(annotations));
+    }
+
+    let mut body = Map::new();
+    body.insert("apiVersion".into(), json!(format!("{GROUP}/{VERSION}")));
+    body.insert("kind".into(), json!(kind.as_str()));
+    body.insert("metadata".into(), Value::Object(metadata));
+    if let Value::Object(data) = &obj.data {
+        for (k, v) in data {
+            // The catalog kinds have no status; never carry one (or stray identity fields) over.
+            if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
+                body.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Value::Object(body)
+}
+
+/// Whether an observed SKR object already holds `desired`: equal `spec`, and every desired
+/// label and annotation present with the same value. Extra labels or annotations that others
+/// put on the copy do not count as drift: server-side apply would not remove them either.
+pub fn copy_matches(desired: &Value, observed: &Value) -> bool {
+    if desired.get("spec") != observed.get("spec") {
+        return false;
+    }
+    ["labels", "annotations"].iter().all(|field| {
+        let want = desired.pointer(&format!("/metadata/{field}")).and_then(Value::as_object);
+        let have = observed.pointer(&format!("/metadata/{field}")).and_then(Value::as_object);
+        want.into_iter().flatten().all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
+    })
+}
+
+/// Whether every field of `desired` is present in `observed` with the same value, recursing
+/// into objects; arrays must have equal length and match element-wise. Used for CRDs, where
+/// the apiserver adds defaults to what was written.
+pub fn is_subset(desired: &Value, observed: &Value) -> bool {
+    match (desired, observed) {
+        (Value::Object(d), Value::Object(o)) => d.iter().all(|(k, v)| o.get(k).is_some_and(|ov| is_subset(v, ov))),
+        (Value::Array(d), Value::Array(o)) => d.len() == o.len() && d.iter().zip(o).all(|(a, b)| is_subset(a, b)),
+        (d, o) => d == o,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::{ApiResource, ObjectMeta};
+    use serde_json::json;
+
+    use super::*;
+
+    fn kcp_object() -> DynamicObject {
+        let ar = ApiResource::erase::<crate::api::ModuleTemplate>(&());
+        let mut obj = DynamicObject::new("btp-operator-1.1.0", &ar).within("kcp-system");
+        obj.metadata = ObjectMeta {
+            name: Some("btp-operator-1.1.0".into()),
+            namespace: Some("kcp-system".into()),
+            uid: Some("0c5a".into()),
+            resource_version: Some("42".into()),
+            generation: Some(3),
+            finalizers: Some(vec!["operator.kyma-project.io/mandatory-module".into()]),
+            labels: Some([("operator.kyma-project.io/beta".to_owned(), "true".to_owned())].into()),
+            annotations: Some(
+                [
+                    (LAST_APPLIED_ANNOTATION.to_owned(), "{}".to_owned()),
+                    ("argocd.argoproj.io/tracking-id".to_owned(), "x".to_owned()),
+                ]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        };
+        obj.data = json!({"spec": {"moduleName": "btp-operator", "version": "1.1.0", "descriptor": {"x": 1}}});
+        obj
+    }
+
+    #[test]
+    fn render_strips_identity_and_rewrites_namespace() {
+        let copy = render_copy(&kcp_object(), CatalogKind::ModuleTemplate, "kyma-system");
+        assert_eq!(
+            copy,
+            json!({
+                "apiVersion": "operator.kyma-project.io/v1beta2",
+                "kind": "ModuleTemplate",
+                "metadata": {
+                    "name": "btp-operator-1.1.0",
+                    "namespace": "kyma-system",
+                    "labels": {"operator.kyma-project.io/beta": "true", "operator.kyma-project.io/managed-by": "kyma"},
+                    "annotations": {"argocd.argoproj.io/tracking-id": "x"},
+                },
+                "spec": {"moduleName": "btp-operator", "version": "1.1.0", "descriptor": {"x": 1}},
+            })
+        );
+    }
+
+    #[test]
+    fn copy_matches_ignores_extra_metadata_but_not_spec() {
+        let desired = render_copy(&kcp_object(), CatalogKind::ModuleTemplate, "kyma-system");
+        let mut observed = desired.clone();
+        observed["metadata"]["labels"]["extra"] = json!("1");
+        observed["metadata"]["resourceVersion"] = json!("7");
+        assert!(copy_matches(&desired, &observed));
+        observed["spec"]["version"] = json!("9.9.9");
+        assert!(!copy_matches(&desired, &observed));
+        let mut relabelled = desired.clone();
+        relabelled["metadata"]["labels"]["operator.kyma-project.io/beta"] = json!("false");
+        assert!(!copy_matches(&desired, &relabelled));
+    }
+
+    #[test]
+    fn subset_tolerates_defaults_only() {
+        let d = json!({"a": {"b": [1, {"c": 2}]}});
+        assert!(is_subset(&d, &json!({"a": {"b": [1, {"c": 2, "x": 0}], "y": 1}})));
+        assert!(!is_subset(&d, &json!({"a": {"b": [1]}})));
+        assert!(!is_subset(&d, &json!({"a": {"b": [1, {"c": 3}]}})));
+    }
+}

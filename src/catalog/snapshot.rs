@@ -1,0 +1,192 @@
+//! Trimmed, comparable views of the KCP catalog, built from the reflector stores (pure).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::DynamicObject;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
+use crate::catalog::{CatalogKind, content_hash, render::render_copy};
+
+/// A ModuleTemplate, reduced to what the filter needs, plus its rendered SKR copy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MtView {
+    /// `metadata.name`, by convention `<moduleName>-<version>`.
+    pub name: String,
+    /// `spec.moduleName`.
+    pub module_name: String,
+    /// `spec.version` (may be empty).
+    pub version: String,
+    /// Label `operator.kyma-project.io/beta` is `"true"`.
+    pub beta: bool,
+    /// Label `operator.kyma-project.io/internal` is `"true"`.
+    pub internal: bool,
+    /// `spec.mandatory`.
+    pub mandatory: bool,
+    /// The SKR copy.
+    pub payload: Arc<Value>,
+    /// [`content_hash`] of `payload`.
+    pub hash: u64,
+}
+
+impl MtView {
+    /// Whether a Kyma with these flags may see this version (spec section 2.2).
+    pub fn is_allowed_for(&self, kyma_beta: bool, kyma_internal: bool) -> bool {
+        !self.mandatory && (!self.beta || kyma_beta) && (!self.internal || kyma_internal)
+    }
+}
+
+/// A ModuleReleaseMeta, reduced to what the filter needs, plus its rendered SKR copy (with
+/// all channels; the desired set cuts them per Kyma).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MrmView {
+    /// `metadata.name`, by convention the module name.
+    pub name: String,
+    /// `spec.moduleName`.
+    pub module_name: String,
+    /// `spec.channels`.
+    pub channels: Vec<ChannelVersion>,
+    /// `spec.mandatory` is set.
+    pub mandatory: bool,
+    /// `spec.kymaSelector`, or the reason it does not parse.
+    pub kyma_selector: Option<Result<LabelSelector, String>>,
+    /// The SKR copy with every channel.
+    pub payload: Arc<Value>,
+}
+
+/// A KCP object that could not be read into a view, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed {
+    /// Kind of the object.
+    pub kind: CatalogKind,
+    /// Its name.
+    pub name: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// The whole KCP catalog at one moment, keyed by object name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// ModuleTemplates by name.
+    pub templates: BTreeMap<String, Arc<MtView>>,
+    /// ModuleReleaseMetas by name.
+    pub release_metas: BTreeMap<String, Arc<MrmView>>,
+    /// Objects left out because they could not be read.
+    pub malformed: Vec<Malformed>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MtSpecView {
+    module_name: String,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
+    mandatory: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MrmSpecView {
+    module_name: String,
+    #[serde(default)]
+    channels: Option<Vec<ChannelVersion>>,
+    #[serde(default)]
+    mandatory: Option<Value>,
+    #[serde(default)]
+    kyma_selector: Option<Value>,
+}
+
+impl Snapshot {
+    /// Builds a snapshot from the KCP objects, rendering each copy for `sync_namespace`.
+    /// Objects that do not parse are recorded in [`Snapshot::malformed`] and left out.
+    pub fn build<'a>(
+        templates: impl IntoIterator<Item = &'a DynamicObject>,
+        release_metas: impl IntoIterator<Item = &'a DynamicObject>,
+        sync_namespace: &str,
+    ) -> Snapshot {
+        let mut snap = Snapshot::default();
+        for obj in templates {
+            match MtView::from_object(obj, sync_namespace) {
+                Ok(view) => {
+                    snap.templates.insert(view.name.clone(), Arc::new(view));
+                }
+                Err(reason) => snap.malformed.push(Malformed {
+                    kind: CatalogKind::ModuleTemplate,
+                    name: obj.metadata.name.clone().unwrap_or_default(),
+                    reason,
+                }),
+            }
+        }
+        for obj in release_metas {
+            match MrmView::from_object(obj, sync_namespace) {
+                Ok(view) => {
+                    snap.release_metas.insert(view.name.clone(), Arc::new(view));
+                }
+                Err(reason) => snap.malformed.push(Malformed {
+                    kind: CatalogKind::ModuleReleaseMeta,
+                    name: obj.metadata.name.clone().unwrap_or_default(),
+                    reason,
+                }),
+            }
+        }
+        snap
+    }
+}
+
+fn spec_of<T: for<'de> Deserialize<'de>>(obj: &DynamicObject) -> Result<T, String> {
+    let spec = obj.data.get("spec").ok_or_else(|| "has no spec".to_owned())?;
+    T::deserialize(spec).map_err(|e| format!("spec does not parse: {e}"))
+}
+
+impl MtView {
+    /// Reads a KCP ModuleTemplate.
+    ///
+    /// # Errors
+    /// Returns a human-readable reason when the object has no name or its spec does not parse.
+    pub fn from_object(obj: &DynamicObject, sync_namespace: &str) -> Result<MtView, String> {
+        let name = obj.metadata.name.clone().ok_or_else(|| "has no name".to_owned())?;
+        let spec: MtSpecView = spec_of(obj)?;
+        let labels = obj.metadata.labels.as_ref();
+        let payload = render_copy(obj, CatalogKind::ModuleTemplate, sync_namespace);
+        Ok(MtView {
+            name,
+            module_name: spec.module_name,
+            version: spec.version.unwrap_or_default(),
+            beta: is_flag_on(labels.and_then(|l| l.get(BETA_LABEL))),
+            internal: is_flag_on(labels.and_then(|l| l.get(INTERNAL_LABEL))),
+            mandatory: spec.mandatory.unwrap_or(false),
+            hash: content_hash(&payload),
+            payload: Arc::new(payload),
+        })
+    }
+}
+
+impl MrmView {
+    /// Reads a KCP ModuleReleaseMeta.
+    ///
+    /// # Errors
+    /// Returns a human-readable reason when the object has no name or its spec does not parse.
+    /// A `kymaSelector` that does not parse is not an error here: the desired set skips
+    /// that MRM with a warning.
+    pub fn from_object(obj: &DynamicObject, sync_namespace: &str) -> Result<MrmView, String> {
+        let name = obj.metadata.name.clone().ok_or_else(|| "has no name".to_owned())?;
+        let spec: MrmSpecView = spec_of(obj)?;
+        let kyma_selector = spec
+            .kyma_selector
+            .filter(|v| !v.is_null())
+            .map(|v| LabelSelector::deserialize(v).map_err(|e| format!("kymaSelector does not parse: {e}")));
+        Ok(MrmView {
+            name,
+            module_name: spec.module_name,
+            channels: spec.channels.unwrap_or_default(),
+            mandatory: spec.mandatory.is_some_and(|m| !m.is_null()),
+            kyma_selector,
+            payload: Arc::new(render_copy(obj, CatalogKind::ModuleReleaseMeta, sync_namespace)),
+        })
+    }
+}
