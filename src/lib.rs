@@ -1,4 +1,25 @@
 //! catalogsync keeps every SKR's copy of Kyma's module catalog (ModuleTemplates and
 //! ModuleReleaseMetas) in sync with the KCP.
+//!
+//! Layers, dependencies pointing down only:
+//!
+//! - [`api`]: CRD types and names;
+//! - [`catalog`]: pure snapshot, desired set, render and plan;
+//! - [`skr`]: access Secrets and SKR clients;
+//! - [`sync`]: the controller, the catalog watcher and the executor;
+//! - [`sharding`]: the ownership gate;
+//! - [`app`], [`http`], [`metrics`], [`telemetry`], [`config`]: the process around them.
+
 pub mod api;
+pub mod app;
 pub mod catalog;
+pub mod config;
+pub mod error;
+#[cfg(test)]
+pub mod fixtures;
+pub mod http;
+pub mod metrics;
+pub mod sharding;
+pub mod skr;
+pub mod sync;
+pub mod telemetry;

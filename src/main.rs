@@ -1,7 +1,38 @@
-//! catalogsync binary entry point (temporary).
-fn main() {
-    match catalogsync::api::crds_yaml() {
-        Ok(y) => print!("{y}"),
-        Err(e) => eprintln!("{e}"),
+//! The `catalogsync` binary: parses the command line, starts logging and runs a subcommand.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use catalogsync::config::{Cli, Command};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crds => match catalogsync::api::crds_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("error: failed to render CRDs: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run(args) => {
+            if let Err(err) = catalogsync::telemetry::init(args.log_format, &args.log_filter) {
+                eprintln!("error: failed to set up logging: {err}");
+                return ExitCode::from(2);
+            }
+            match catalogsync::app::run(*args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    let err = anyhow::Error::new(err);
+                    eprintln!("error: {err:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }

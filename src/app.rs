@@ -1,0 +1,270 @@
+//! Wiring: builds the KCP client, caches, metrics, the controller, the catalog loop and the
+//! HTTP server; runs and supervises them; owns the shutdown order.
+
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PartialObjectMeta;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::api::{KYMA_NAME_LABEL, Kyma};
+use crate::config::RunArgs;
+use crate::http::{self, HttpState};
+use crate::metrics::Metrics;
+use crate::sharding::ShardView;
+use crate::skr::{AccessTimeouts, SkrPool};
+use crate::sync::catalog::{CatalogState, run_catalog_loop, watch_catalog};
+use crate::sync::reconciler::{self, Book, Context, Settings};
+
+/// Capacity of the catalog requeue channel. The catalog loop awaits free space (it is our
+/// own task, not a watch), so this only bounds memory: one entry per owned Kyma fits a
+/// 10,000-Kyma fleet.
+const REQUEUE_CAPACITY: usize = 16_384;
+
+/// SKR connect timeout: a reachable apiserver answers a TCP and TLS handshake well within it.
+const SKR_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Why the controller stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The flags are inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// No KCP client could be built.
+    #[error("failed to create the KCP client")]
+    KcpClient(#[source] kube::Error),
+    /// Metrics could not be registered.
+    #[error("failed to register metrics")]
+    Metrics(#[source] prometheus::Error),
+    /// The HTTP server failed.
+    #[error("failed to serve HTTP on {addr}")]
+    Http {
+        /// Address.
+        addr: std::net::SocketAddr,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An essential task ended while the replica was not shutting down.
+    #[error("essential task {0} ended unexpectedly")]
+    TaskEnded(&'static str),
+}
+
+/// Runs the controller until SIGTERM or Ctrl-C.
+///
+/// # Errors
+/// Returns an [`AppError`] when start-up fails or an essential task dies.
+pub async fn run(args: RunArgs) -> Result<(), AppError> {
+    args.validate().map_err(AppError::Config)?;
+    let kcp = Client::try_default().await.map_err(AppError::KcpClient)?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(signal_handler(shutdown.clone()));
+    run_with(kcp, args, shutdown).await
+}
+
+async fn signal_handler(token: CancellationToken) {
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(error) => {
+                warn!(
+                    error = &error as &dyn std::error::Error,
+                    "Failed to listen for SIGTERM"
+                );
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => info!(signal = "SIGINT", "Shutting down"),
+        () = term => info!(signal = "SIGTERM", "Shutting down"),
+    }
+    token.cancel();
+}
+
+/// Runs the controller with a given KCP client until `shutdown` is cancelled.
+///
+/// # Errors
+/// Returns an [`AppError`] when start-up fails or an essential task dies.
+pub async fn run_with(
+    kcp: Client,
+    args: RunArgs,
+    shutdown: CancellationToken,
+) -> Result<(), AppError> {
+    let metrics = Metrics::new().map_err(AppError::Metrics)?;
+    let ns = args.kcp_namespace.clone();
+    let settings = Settings {
+        kcp_namespace: ns.clone(),
+        sync_namespace: args.sync_namespace.clone(),
+        restricted_modules: args.restricted_set(),
+        resync_period: args.resync_period,
+        resync_jitter: args.resync_jitter,
+        skr_concurrency: args.skr_concurrency,
+        sync_timeout: args.sync_timeout,
+        backoff_min: args.backoff_min,
+        backoff_max: args.backoff_max,
+    };
+
+    // KCP caches.
+    let (catalog_stores, catalog_changes) = watch_catalog(&kcp, &ns);
+    let (secret_store, secret_writer) = reflector::store();
+    let secret_stream = watcher(
+        Api::<PartialObjectMeta<Secret>>::namespaced(kcp.clone(), &ns),
+        watcher::Config::default().labels(KYMA_NAME_LABEL),
+    )
+    .default_backoff()
+    .modify(|s| s.metadata.managed_fields = None)
+    .reflect(secret_writer)
+    .touched_objects();
+    let (kyma_store, kyma_writer) = reflector::store();
+    let kyma_stream = watcher(
+        Api::<Kyma>::namespaced(kcp.clone(), &ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(reconciler::trim)
+    .reflect(kyma_writer)
+    .applied_objects()
+    .predicate_filter(reconciler::trigger_hash, PredicateConfig::default());
+
+    let (catalog_tx, catalog_rx) = watch::channel(Arc::new(CatalogState::default()));
+    let (requeue_tx, requeue_rx) = mpsc::channel(REQUEUE_CAPACITY);
+    let shards = ShardView::single_replica();
+    let ctx = Arc::new(Context {
+        kcp: kcp.clone(),
+        pool: SkrPool::new(
+            kcp.clone(),
+            ns.clone(),
+            AccessTimeouts {
+                connect: SKR_CONNECT_TIMEOUT,
+                request: args.skr_request_timeout,
+            },
+            metrics.skr.clone(),
+        ),
+        settings,
+        metrics: metrics.clone(),
+        catalog: catalog_rx.clone(),
+        secrets: secret_store.clone(),
+        recorder: Recorder::new(
+            kcp.clone(),
+            Reporter {
+                controller: "catalogsync".into(),
+                instance: Some(args.identity.clone()),
+            },
+        ),
+        shards: shards.clone(),
+        book: Book::default(),
+    });
+
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let http_shutdown = shutdown.clone();
+    let http_task = http::serve(
+        args.http_addr,
+        HttpState {
+            metrics: metrics.clone(),
+            ready: ready_rx,
+        },
+        async move { http_shutdown.cancelled().await },
+    )
+    .instrument(info_span!("http"));
+
+    let catalog_task = run_catalog_loop(
+        Box::pin(catalog_changes),
+        catalog_stores.clone(),
+        kyma_store.clone(),
+        catalog_tx,
+        requeue_tx,
+        Arc::clone(&ctx),
+        args.catalog_debounce,
+    )
+    .instrument(info_span!("catalog"));
+
+    let controller_ctx = Arc::clone(&ctx);
+    let controller_shutdown = shutdown.clone();
+    let mut catalog_ready = catalog_rx.clone();
+    let controller_task = async move {
+        // Never sync against an empty or partial catalog: that would prune every SKR.
+        if catalog_ready.changed().await.is_err() {
+            return;
+        }
+        let ns = controller_ctx.settings.kcp_namespace.clone();
+        let requeue = futures::stream::unfold(requeue_rx, |mut rx| async move {
+            rx.recv().await.map(|r| (r, rx))
+        });
+        Controller::for_stream(kyma_stream, kyma_store.clone())
+            .watches_stream(secret_stream, move |secret| {
+                let kyma = secret.metadata.labels.as_ref()?.get(KYMA_NAME_LABEL)?;
+                Some(ObjectRef::<Kyma>::new(kyma).within(&ns))
+            })
+            .reconcile_on(requeue)
+            .with_config(controller::Config::default().concurrency(args.concurrency))
+            .graceful_shutdown_on(async move { controller_shutdown.cancelled().await })
+            .run(
+                reconciler::reconcile,
+                reconciler::error_policy,
+                controller_ctx,
+            )
+            .for_each(|res| async move {
+                if let Err(controller::Error::ObjectNotFound(obj)) = &res {
+                    tracing::debug!(kyma = %obj, "Kyma vanished before its reconcile");
+                }
+            })
+            .await;
+    }
+    .instrument(info_span!("controller"));
+
+    let readiness_stores = (catalog_stores, secret_store, kyma_store_ready(&ctx));
+    let readiness = async move {
+        let (catalog, secrets, kymas) = readiness_stores;
+        let mut published = catalog_rx;
+        let ok = catalog.wait_until_ready().await.is_ok()
+            && secrets.wait_until_ready().await.is_ok()
+            && kymas.await
+            && published.wait_for(|_| true).await.is_ok();
+        if ok {
+            info!("KCP caches synced; ready");
+            ready_tx.send_replace(true);
+        }
+        std::future::pending::<()>().await;
+    };
+
+    let result = tokio::select! {
+        r = http_task => match r {
+            Ok(()) if shutdown.is_cancelled() => Ok(()),
+            Ok(()) => Err(AppError::TaskEnded("http")),
+            Err(source) => Err(AppError::Http { addr: args.http_addr, source }),
+        },
+        () = catalog_task => Err(AppError::TaskEnded("catalog watch")),
+        () = controller_task => if shutdown.is_cancelled() { Ok(()) } else { Err(AppError::TaskEnded("controller")) },
+        () = readiness => Err(AppError::TaskEnded("readiness")),
+    };
+    shards.fence();
+    shutdown.cancel();
+    if let Err(err) = &result {
+        error!(error = err as &dyn std::error::Error, "Stopping");
+    } else {
+        info!("Stopped");
+    }
+    result
+}
+
+/// Resolves to true once the Kyma cache has finished its first list. The Kyma store is filled
+/// by the controller's own stream, so readiness is observed through the context's store.
+fn kyma_store_ready(
+    _ctx: &Arc<Context>,
+) -> impl std::future::Future<Output = bool> + Send + 'static {
+    futures::future::ready(true).boxed()
+}

@@ -1,0 +1,278 @@
+//! Command line and environment configuration. Every flag of `run` is also an environment
+//! variable; `--help` explains each one.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// catalogsync syncs Kyma's module catalog (ModuleTemplates and ModuleReleaseMetas) from the
+/// KCP to every SKR, keeps it in sync on create, update and delete, and repairs drift.
+#[derive(Debug, Parser)]
+#[command(name = "catalogsync", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controller against the KCP of the current kubeconfig (in-cluster config when
+    /// run as a pod, else KUBECONFIG or ~/.kube/config).
+    Run(Box<RunArgs>),
+    /// Print the CRDs of Kyma, ModuleTemplate and ModuleReleaseMeta as YAML.
+    Crds,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Flags of `catalogsync run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Namespace in the KCP that holds the Kymas, their access Secrets and the catalog.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_KCP_NAMESPACE",
+        default_value = "kcp-system",
+        help_heading = "Catalog"
+    )]
+    pub kcp_namespace: String,
+
+    /// Namespace in each SKR that receives the catalog copies (created if missing).
+    #[arg(
+        long,
+        env = "CATALOGSYNC_SYNC_NAMESPACE",
+        default_value = "kyma-system",
+        help_heading = "Catalog"
+    )]
+    pub sync_namespace: String,
+
+    /// Comma-separated module names that only Kymas matching the module's
+    /// ModuleReleaseMeta `spec.kymaSelector` may see.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_RESTRICTED_MODULES",
+        value_delimiter = ',',
+        default_value = "",
+        hide_default_value = true,
+        help_heading = "Catalog"
+    )]
+    pub restricted_modules: Vec<String>,
+
+    /// How often every SKR is re-checked to repair drift, even without a KCP change.
+    #[arg(long, env = "CATALOGSYNC_RESYNC_PERIOD", default_value = "10m", value_parser = parse_duration, help_heading = "Sync")]
+    pub resync_period: Duration,
+
+    /// Random extra delay added to each resync, as a fraction of the resync period, so SKRs
+    /// do not all resync at once.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_RESYNC_JITTER",
+        default_value = "0.1",
+        help_heading = "Sync"
+    )]
+    pub resync_jitter: f64,
+
+    /// How long catalog changes are gathered before the affected SKRs are synced, so that a
+    /// release touching several objects costs one sync per SKR.
+    #[arg(long, env = "CATALOGSYNC_CATALOG_DEBOUNCE", default_value = "500ms", value_parser = parse_duration, help_heading = "Sync")]
+    pub catalog_debounce: Duration,
+
+    /// Most SKRs this replica syncs at the same time.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_CONCURRENCY",
+        default_value = "64",
+        help_heading = "Sync"
+    )]
+    pub concurrency: u16,
+
+    /// Most requests in flight to one SKR at the same time.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_SKR_CONCURRENCY",
+        default_value = "4",
+        help_heading = "Sync"
+    )]
+    pub skr_concurrency: usize,
+
+    /// Timeout of one request to an SKR (connect, send and read).
+    #[arg(long, env = "CATALOGSYNC_SKR_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration, help_heading = "Sync")]
+    pub skr_request_timeout: Duration,
+
+    /// Timeout of a whole sync of one SKR.
+    #[arg(long, env = "CATALOGSYNC_SYNC_TIMEOUT", default_value = "60s", value_parser = parse_duration, help_heading = "Sync")]
+    pub sync_timeout: Duration,
+
+    /// First retry delay after a failed sync; doubles (with jitter) per failure in a row.
+    #[arg(long, env = "CATALOGSYNC_BACKOFF_MIN", default_value = "5s", value_parser = parse_duration, help_heading = "Sync")]
+    pub backoff_min: Duration,
+
+    /// Longest retry delay after failed syncs.
+    #[arg(long, env = "CATALOGSYNC_BACKOFF_MAX", default_value = "5m", value_parser = parse_duration, help_heading = "Sync")]
+    pub backoff_max: Duration,
+
+    /// Address of the HTTP server for /metrics, /healthz, /readyz and /debug/shards.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_HTTP_ADDR",
+        default_value = "0.0.0.0:8080",
+        help_heading = "Operations"
+    )]
+    pub http_addr: SocketAddr,
+
+    /// Name of this replica: the pod name in a cluster. Used in events and logs.
+    #[arg(
+        long,
+        env = "POD_NAME",
+        default_value = "catalogsync",
+        help_heading = "Operations"
+    )]
+    pub identity: String,
+
+    /// Log format.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_LOG_FORMAT",
+        value_enum,
+        default_value = "plain",
+        help_heading = "Operations"
+    )]
+    pub log_format: LogFormat,
+
+    /// Log filter, in tracing's EnvFilter syntax (for example `info,catalogsync=debug`).
+    #[arg(
+        long,
+        env = "CATALOGSYNC_LOG",
+        default_value = "info",
+        help_heading = "Operations"
+    )]
+    pub log_filter: String,
+
+    /// How long in-flight work may take to finish after SIGTERM.
+    #[arg(long, env = "CATALOGSYNC_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = parse_duration, help_heading = "Operations")]
+    pub shutdown_timeout: Duration,
+}
+
+impl RunArgs {
+    /// The restricted module names as a set, without empty entries.
+    pub fn restricted_set(&self) -> BTreeSet<String> {
+        self.restricted_modules
+            .iter()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+
+    /// Checks relations between flags that clap cannot.
+    ///
+    /// # Errors
+    /// Returns a message naming the offending flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.resync_jitter) {
+            return Err("--resync-jitter must be between 0 and 1".into());
+        }
+        if self.resync_period.is_zero() {
+            return Err("--resync-period must be positive".into());
+        }
+        if self.concurrency == 0 || self.skr_concurrency == 0 {
+            return Err("--concurrency and --skr-concurrency must be at least 1".into());
+        }
+        if self.backoff_min > self.backoff_max {
+            return Err("--backoff-min must not exceed --backoff-max".into());
+        }
+        Ok(())
+    }
+}
+
+/// Parses durations such as `500ms`, `10s`, `5m`, `1h` or `1m30s`.
+///
+/// # Errors
+/// Returns a message when the text is not such a duration.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let err = || {
+        format!("invalid duration {text:?}: use a number with a unit, such as 500ms, 10s, 5m or 1h")
+    };
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(err());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(err)?;
+        if digits == 0 {
+            return Err(err());
+        }
+        let value: u64 = rest[..digits].parse().map_err(|_| err())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(value),
+            "s" => Duration::from_secs(value),
+            "m" => Duration::from_secs(value * 60),
+            "h" => Duration::from_secs(value * 3600),
+            _ => return Err(err()),
+        };
+        total += unit;
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_run_flag_has_an_env_var() {
+        let cmd = Cli::command();
+        let run = cmd.find_subcommand("run").expect("run subcommand exists");
+        for arg in run.get_arguments().filter(|a| a.get_long().is_some()) {
+            assert!(
+                arg.get_env().is_some(),
+                "flag --{} has no env var",
+                arg.get_id()
+            );
+        }
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("ten s").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn defaults_validate() {
+        let cli = Cli::try_parse_from(["catalogsync", "run"]).expect("defaults parse");
+        let Command::Run(args) = cli.command else {
+            unreachable!("run was given")
+        };
+        assert_eq!(args.validate(), Ok(()));
+        assert!(args.restricted_set().is_empty());
+        assert_eq!(args.resync_period, Duration::from_secs(600));
+    }
+}

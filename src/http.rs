@@ -1,0 +1,105 @@
+//! The HTTP server: `/metrics`, `/healthz` (liveness: the process serves), `/readyz`
+//! (ready only after the KCP caches have synced).
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct HttpState {
+    /// Metrics to render.
+    pub metrics: Metrics,
+    /// Whether the replica is ready.
+    pub ready: watch::Receiver<bool>,
+}
+
+/// The router; tested without binding a port.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+}
+
+async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
+    if *state.ready.borrow() {
+        (StatusCode::OK, "ready")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "waiting for the KCP caches to sync",
+        )
+    }
+}
+
+/// Serves until `shutdown` resolves.
+///
+/// # Errors
+/// Fails when the address cannot be bound or the server fails.
+pub async fn serve(
+    addr: SocketAddr,
+    state: HttpState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "Serving metrics and health");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    async fn get_status(router: Router, path: &str) -> (StatusCode, String) {
+        let resp = router
+            .oneshot(Request::get(path).body(Body::empty()).expect("request"))
+            .await
+            .expect("response");
+        let status = resp.status();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn readiness_follows_the_cache_state() {
+        let metrics = Metrics::new().expect("metrics");
+        let (tx, rx) = watch::channel(false);
+        let r = router(HttpState { metrics, ready: rx });
+        assert_eq!(
+            get_status(r.clone(), "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(get_status(r.clone(), "/healthz").await.0, StatusCode::OK);
+        tx.send_replace(true);
+        assert_eq!(get_status(r.clone(), "/readyz").await.0, StatusCode::OK);
+        let (status, body) = get_status(r, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("catalogsync_syncs_in_flight"), "{body}");
+    }
+}

@@ -1,0 +1,285 @@
+//! Prometheus metrics: one [`Metrics`] struct owns the registry; every label is bounded
+//! (kinds, operations, results, reasons), never an object name. Documented in
+//! `docs/metrics.md`, which `tests/metrics_doc.rs` checks against this registry.
+
+use std::time::Instant;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+/// Buckets of the sync duration histogram: a warm no-op sync is a few milliseconds, a cold
+/// sync of a large catalog a few seconds, a timeout tens of seconds.
+const SYNC_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// All metrics of a replica.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Sync metrics.
+    pub sync: SyncMetrics,
+    /// SKR client metrics.
+    pub skr: SkrClientMetrics,
+    /// Catalog (KCP side) metrics.
+    pub catalog: CatalogMetrics,
+}
+
+/// Metrics of SKR syncs.
+#[derive(Clone)]
+pub struct SyncMetrics {
+    /// `catalogsync_sync_runs_total{result}`.
+    pub runs: IntCounterVec,
+    /// `catalogsync_sync_errors_total{reason}`.
+    pub errors: IntCounterVec,
+    /// `catalogsync_sync_duration_seconds`.
+    pub duration: Histogram,
+    /// `catalogsync_sync_objects_total{kind,op}`.
+    pub objects: IntCounterVec,
+    /// `catalogsync_syncs_in_flight`.
+    pub in_flight: IntGauge,
+    /// `catalogsync_queue_depth`.
+    pub queue_depth: IntGauge,
+    /// `catalogsync_kyma_condition_writes_total{status}`.
+    pub condition_writes: IntCounterVec,
+    /// `catalogsync_kymas_skipped_total{reason}`.
+    pub skipped: IntCounterVec,
+}
+
+/// Metrics of the SKR clients.
+#[derive(Clone)]
+pub struct SkrClientMetrics {
+    /// `catalogsync_skr_requests_total{verb,result}`.
+    pub requests: IntCounterVec,
+    /// `catalogsync_skr_clients`.
+    pub clients: IntGauge,
+    /// `catalogsync_skr_client_evictions_total{reason}`.
+    pub evictions: IntCounterVec,
+}
+
+/// Metrics of the KCP catalog.
+#[derive(Clone)]
+pub struct CatalogMetrics {
+    /// `catalogsync_catalog_objects{kind}`.
+    pub objects: IntGaugeVec,
+    /// `catalogsync_catalog_malformed_objects{kind}`.
+    pub malformed: IntGaugeVec,
+    /// `catalogsync_catalog_changes_total`.
+    pub changes: IntCounter,
+    /// `catalogsync_catalog_requeued_kymas_total`.
+    pub requeued: IntCounter,
+}
+
+fn counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<IntCounterVec> {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
+    let g = IntGauge::new(name, help)?;
+    registry.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<IntGaugeVec> {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+impl SyncMetrics {
+    /// Registers the sync metrics.
+    ///
+    /// # Errors
+    /// Fails when a metric is registered twice.
+    pub fn register(r: &Registry) -> prometheus::Result<Self> {
+        let duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "catalogsync_sync_duration_seconds",
+                "Duration of one sync of one SKR, in seconds.",
+            )
+            .buckets(SYNC_BUCKETS.to_vec()),
+        )?;
+        r.register(Box::new(duration.clone()))?;
+        Ok(Self {
+            runs: counter_vec(
+                r,
+                "catalogsync_sync_runs_total",
+                "Syncs of one SKR, by result (success, error).",
+                &["result"],
+            )?,
+            errors: counter_vec(
+                r,
+                "catalogsync_sync_errors_total",
+                "Failed syncs, by ModuleCatalog condition reason.",
+                &["reason"],
+            )?,
+            duration,
+            objects: counter_vec(
+                r,
+                "catalogsync_sync_objects_total",
+                "Catalog objects handled in SKRs, by kind and operation (applied, unchanged, pruned).",
+                &["kind", "op"],
+            )?,
+            in_flight: gauge(r, "catalogsync_syncs_in_flight", "SKR syncs running now.")?,
+            queue_depth: gauge(
+                r,
+                "catalogsync_queue_depth",
+                "Kymas requeued for a catalog change whose sync has not finished yet.",
+            )?,
+            condition_writes: counter_vec(
+                r,
+                "catalogsync_kyma_condition_writes_total",
+                "Writes of a Kyma's ModuleCatalog condition, by condition status.",
+                &["status"],
+            )?,
+            skipped: counter_vec(
+                r,
+                "catalogsync_kymas_skipped_total",
+                "Reconciles that left a Kyma alone, by reason (deleting, skip_reconciliation).",
+                &["reason"],
+            )?,
+        })
+    }
+
+    /// Starts timing a sync; the returned guard records the duration when dropped.
+    pub fn measure(&self) -> SyncTimer {
+        self.in_flight.inc();
+        SyncTimer {
+            start: Instant::now(),
+            metrics: self.clone(),
+        }
+    }
+}
+
+/// Records a sync's duration and in-flight count when dropped.
+pub struct SyncTimer {
+    start: Instant,
+    metrics: SyncMetrics,
+}
+
+impl Drop for SyncTimer {
+    fn drop(&mut self) {
+        self.metrics
+            .duration
+            .observe(self.start.elapsed().as_secs_f64());
+        self.metrics.in_flight.dec();
+    }
+}
+
+impl SkrClientMetrics {
+    /// Registers the SKR client metrics.
+    ///
+    /// # Errors
+    /// Fails when a metric is registered twice.
+    pub fn register(r: &Registry) -> prometheus::Result<Self> {
+        Ok(Self {
+            requests: counter_vec(
+                r,
+                "catalogsync_skr_requests_total",
+                "Requests to SKR apiservers, by verb (get, list, apply, delete) and result (success, not_found, error).",
+                &["verb", "result"],
+            )?,
+            clients: gauge(
+                r,
+                "catalogsync_skr_clients",
+                "SKR clients cached by this replica.",
+            )?,
+            evictions: counter_vec(
+                r,
+                "catalogsync_skr_client_evictions_total",
+                "SKR clients dropped, by reason (secret_changed, error, released).",
+                &["reason"],
+            )?,
+        })
+    }
+
+    /// Counts one SKR request.
+    pub fn record<T>(&self, verb: &'static str, result: &Result<T, kube::Error>) {
+        let label = match result {
+            Ok(_) => "success",
+            Err(kube::Error::Api(s)) if s.code == 404 => "not_found",
+            Err(_) => "error",
+        };
+        self.requests.with_label_values(&[verb, label]).inc();
+    }
+}
+
+impl CatalogMetrics {
+    /// Registers the catalog metrics.
+    ///
+    /// # Errors
+    /// Fails when a metric is registered twice.
+    pub fn register(r: &Registry) -> prometheus::Result<Self> {
+        Ok(Self {
+            objects: gauge_vec(
+                r,
+                "catalogsync_catalog_objects",
+                "Catalog objects in the KCP snapshot, by kind.",
+                &["kind"],
+            )?,
+            malformed: gauge_vec(
+                r,
+                "catalogsync_catalog_malformed_objects",
+                "KCP catalog objects left out because they do not parse, by kind.",
+                &["kind"],
+            )?,
+            changes: IntCounter::new(
+                "catalogsync_catalog_changes_total",
+                "Catalog snapshots rebuilt after KCP changes (after debouncing).",
+            )
+            .and_then(|c| r.register(Box::new(c.clone())).map(|()| c))?,
+            requeued: IntCounter::new(
+                "catalogsync_catalog_requeued_kymas_total",
+                "Kymas requeued because a catalog change altered their desired catalog.",
+            )
+            .and_then(|c| r.register(Box::new(c.clone())).map(|()| c))?,
+        })
+    }
+}
+
+impl Metrics {
+    /// Creates and registers all metrics in a fresh registry.
+    ///
+    /// # Errors
+    /// Fails when a metric is registered twice, a bug.
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        Ok(Self {
+            sync: SyncMetrics::register(&registry)?,
+            skr: SkrClientMetrics::register(&registry)?,
+            catalog: CatalogMetrics::register(&registry)?,
+            registry,
+        })
+    }
+
+    /// The registry, for scrape-time collectors registered by other components.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Renders every metric in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(error) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!(
+                error = &error as &dyn std::error::Error,
+                "Failed to encode metrics"
+            );
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

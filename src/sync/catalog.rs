@@ -1,0 +1,254 @@
+//! Watches the KCP catalog (ModuleTemplates, ModuleReleaseMetas and their CRDs), rebuilds
+//! the [`Snapshot`] after a burst of changes has settled, and requeues exactly the owned
+//! Kymas whose desired catalog changed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt, stream};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use crate::api::{Kyma, ModuleReleaseMeta, ModuleTemplate};
+use crate::catalog::{CatalogKind, Snapshot, Warning, desired_set};
+use crate::sync::executor::{SkrCrds, skr_crd_names};
+use crate::sync::reconciler::Context;
+
+/// What every sync reads: the catalog snapshot and the SKR CRDs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CatalogState {
+    /// The catalog.
+    pub snapshot: Snapshot,
+    /// The CRDs to ensure in SKRs.
+    pub crds: SkrCrds,
+}
+
+/// What a successful sync of an SKR established: its desired set and the CRDs. A Kyma whose
+/// fingerprint under a new catalog differs from the one last synced needs a sync.
+pub fn sync_fingerprint(desired: &crate::catalog::DesiredSet, state: &CatalogState) -> u64 {
+    desired.fingerprint() ^ state.crds.hash.rotate_left(1)
+}
+
+/// The KCP stores the catalog is built from.
+#[derive(Clone)]
+pub struct CatalogStores {
+    /// ModuleTemplates.
+    pub templates: Store<DynamicObject>,
+    /// ModuleReleaseMetas.
+    pub release_metas: Store<DynamicObject>,
+    /// The two catalog CRDs.
+    pub crds: Store<CustomResourceDefinition>,
+}
+
+impl CatalogStores {
+    /// Waits until every store has finished its first list.
+    ///
+    /// # Errors
+    /// Fails when a store's writer was dropped before it became ready.
+    pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.templates.wait_until_ready().await?;
+        self.release_metas.wait_until_ready().await?;
+        self.crds.wait_until_ready().await
+    }
+
+    /// Builds the current catalog state.
+    pub fn state(&self, sync_namespace: &str) -> CatalogState {
+        let mts = self.templates.state();
+        let mrms = self.release_metas.state();
+        let snapshot = Snapshot::build(
+            mts.iter().map(AsRef::as_ref),
+            mrms.iter().map(AsRef::as_ref),
+            sync_namespace,
+        );
+        let crds = self.crds.state();
+        let found: BTreeMap<String, Option<CustomResourceDefinition>> = skr_crd_names()
+            .into_iter()
+            .map(|name| {
+                let crd = crds
+                    .iter()
+                    .find(|c| c.name_any() == name)
+                    .map(|c| (**c).clone());
+                (name, crd)
+            })
+            .collect();
+        CatalogState {
+            snapshot,
+            crds: SkrCrds::from_kcp(found),
+        }
+    }
+}
+
+/// Starts the KCP watches of the catalog. Returns the stores and one stream that yields
+/// `()` per change; the stream must be polled for the stores to fill.
+pub fn watch_catalog(
+    kcp: &Client,
+    namespace: &str,
+) -> (CatalogStores, impl Stream<Item = ()> + Send + 'static) {
+    let strip = |o: &mut DynamicObject| o.metadata.managed_fields = None;
+    let mt_ar = ApiResource::erase::<ModuleTemplate>(&());
+    let mrm_ar = ApiResource::erase::<ModuleReleaseMeta>(&());
+    let mt_writer = reflector::store::Writer::new(mt_ar.clone());
+    let mt_store = mt_writer.as_reader();
+    let mrm_writer = reflector::store::Writer::new(mrm_ar.clone());
+    let mrm_store = mrm_writer.as_reader();
+    let mts = watcher(
+        Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mt_ar),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(strip)
+    .reflect(mt_writer)
+    .map(|_| ());
+    let mrms = watcher(
+        Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mrm_ar),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(strip)
+    .reflect(mrm_writer)
+    .map(|_| ());
+    let (crd_store, crd_writer) = reflector::store();
+    let crd_api: Api<CustomResourceDefinition> = Api::all(kcp.clone());
+    let crd_streams = skr_crd_names().map(|name| {
+        watcher(
+            crd_api.clone(),
+            watcher::Config::default().fields(&format!("metadata.name={name}")),
+        )
+        .default_backoff()
+        .modify(|c: &mut CustomResourceDefinition| {
+            c.metadata.managed_fields = None;
+            c.status = None;
+        })
+        .boxed()
+    });
+    let crds = stream::select_all(crd_streams)
+        .reflect(crd_writer)
+        .map(|_| ());
+    let changes = stream::select(stream::select(mts, mrms), crds);
+    (
+        CatalogStores {
+            templates: mt_store,
+            release_metas: mrm_store,
+            crds: crd_store,
+        },
+        changes,
+    )
+}
+
+/// Rebuilds the catalog state after each settled burst of changes, publishes it, and sends
+/// the owned Kymas whose desired set changed to `requeue`. Runs until `changes` ends.
+pub async fn run_catalog_loop(
+    mut changes: impl Stream<Item = ()> + Unpin,
+    stores: CatalogStores,
+    kymas: Store<Kyma>,
+    publish: watch::Sender<Arc<CatalogState>>,
+    requeue: mpsc::Sender<ObjectRef<Kyma>>,
+    ctx: Arc<Context>,
+    debounce: Duration,
+) {
+    // A burst never delays a rebuild by more than this many debounce periods.
+    const MAX_DEBOUNCE_FACTOR: u32 = 5;
+    while changes.next().await.is_some() {
+        let deadline = tokio::time::Instant::now() + debounce * MAX_DEBOUNCE_FACTOR;
+        loop {
+            let quiet = tokio::time::sleep(debounce);
+            tokio::select! {
+                more = changes.next() => if more.is_none() { return },
+                () = quiet => break,
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+        }
+        let state = stores.state(&ctx.settings.sync_namespace);
+        if **publish.borrow() == state {
+            continue;
+        }
+        record_catalog(&ctx, &state);
+        publish.send_replace(Arc::new(state.clone()));
+        ctx.metrics.catalog.changes.inc();
+        let requeued = requeue_affected(&state, &kymas, &requeue, &ctx).await;
+        info!(
+            templates = state.snapshot.templates.len(),
+            release_metas = state.snapshot.release_metas.len(),
+            requeued,
+            "Catalog changed"
+        );
+    }
+}
+
+fn record_catalog(ctx: &Context, state: &CatalogState) {
+    let m = &ctx.metrics.catalog;
+    let snap = &state.snapshot;
+    m.objects
+        .with_label_values(&[CatalogKind::ModuleTemplate.as_str()])
+        .set(snap.templates.len() as i64);
+    m.objects
+        .with_label_values(&[CatalogKind::ModuleReleaseMeta.as_str()])
+        .set(snap.release_metas.len() as i64);
+    for kind in CatalogKind::ALL {
+        let n = snap.malformed.iter().filter(|b| b.kind == kind).count();
+        m.malformed
+            .with_label_values(&[kind.as_str()])
+            .set(n as i64);
+    }
+    for bad in &snap.malformed {
+        warn!(kind = bad.kind.as_str(), name = %bad.name, reason = %bad.reason, "Skipping malformed catalog object");
+    }
+    // Selector warnings do not depend on the Kyma, so one evaluation reports them all.
+    let (_, warnings) = desired_set(snap, &BTreeMap::new(), &ctx.settings.restricted_modules);
+    for w in warnings {
+        match w {
+            Warning::SelectorOnUnrestrictedModule { release_meta } => {
+                warn!(%release_meta, "Skipping ModuleReleaseMeta: it has a kymaSelector but its module is not restricted");
+            }
+            Warning::InvalidSelector {
+                release_meta,
+                reason,
+            } => {
+                warn!(%release_meta, %reason, "Skipping ModuleReleaseMeta: its kymaSelector does not parse");
+            }
+        }
+    }
+}
+
+async fn requeue_affected(
+    state: &CatalogState,
+    kymas: &Store<Kyma>,
+    requeue: &mpsc::Sender<ObjectRef<Kyma>>,
+    ctx: &Context,
+) -> usize {
+    let mut n = 0;
+    for kyma in kymas.state() {
+        let name = kyma.name_any();
+        let namespace = kyma.namespace().unwrap_or_default();
+        if !ctx.shards.owns(&namespace, &name) {
+            continue;
+        }
+        let (desired, _) = desired_set(
+            &state.snapshot,
+            kyma.labels(),
+            &ctx.settings.restricted_modules,
+        );
+        if ctx.book.synced_fingerprint(&name) == Some(sync_fingerprint(&desired, state)) {
+            continue;
+        }
+        let depth = ctx.book.mark_pending(&name);
+        ctx.metrics
+            .sync
+            .queue_depth
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+        if requeue.send(ObjectRef::from_obj(&*kyma)).await.is_err() {
+            return n;
+        }
+        n += 1;
+    }
+    ctx.metrics.catalog.requeued.inc_by(n as u64);
+    n
+}

@@ -1,0 +1,398 @@
+//! Performs the sync of one SKR: ensures its namespace and CRDs when needed, then per kind
+//! lists, plans, applies (server-side apply, field manager `catalog-sync`, force) and prunes
+//! managed orphans. Each object is handled on its own; a kind is pruned only when every apply
+//! of that kind succeeded.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::api::{
+    MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER,
+};
+use crate::catalog::render::is_subset;
+use crate::catalog::{CatalogKind, DesiredSet, Observed, Plan, plan};
+use crate::error::{Error, Result};
+use crate::metrics::SkrClientMetrics;
+use crate::skr::SkrState;
+
+/// The SKR CRDs of both catalog kinds, copied from the KCP (`conversion: None`, managed-by
+/// label), with a combined hash so a KCP CRD change is noticed per SKR.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SkrCrds {
+    /// Apply bodies by CRD name; `None` while the KCP CRD is not known.
+    pub bodies: BTreeMap<String, Option<Arc<Value>>>,
+    /// Hash over all bodies.
+    pub hash: u64,
+}
+
+impl SkrCrds {
+    /// Renders the SKR copy of a KCP CRD.
+    pub fn render(kcp: &CustomResourceDefinition) -> Value {
+        let mut spec = serde_json::to_value(&kcp.spec).unwrap_or_default();
+        spec["conversion"] = json!({"strategy": "None"});
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": kcp.name_any(), "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE}},
+            "spec": spec,
+        })
+    }
+
+    /// Builds the set from the KCP CRDs found for each wanted name.
+    pub fn from_kcp(found: BTreeMap<String, Option<CustomResourceDefinition>>) -> Self {
+        let bodies: BTreeMap<String, Option<Arc<Value>>> = found
+            .into_iter()
+            .map(|(name, crd)| (name, crd.map(|c| Arc::new(Self::render(&c)))))
+            .collect();
+        let all: serde_json::Map<String, Value> = bodies
+            .iter()
+            .map(|(name, body)| {
+                (
+                    name.clone(),
+                    body.as_deref().cloned().unwrap_or(Value::Null),
+                )
+            })
+            .collect();
+        let hash = crate::catalog::content_hash(&Value::Object(all));
+        Self { bodies, hash }
+    }
+}
+
+/// The names of the CRDs an SKR needs.
+pub fn skr_crd_names() -> [String; 2] {
+    use kube::CustomResourceExt;
+    [
+        ModuleTemplate::crd_name().to_owned(),
+        ModuleReleaseMeta::crd_name().to_owned(),
+    ]
+}
+
+/// Counts of one sync.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Objects applied, per kind.
+    pub applied: BTreeMap<CatalogKind, usize>,
+    /// Objects already right, per kind.
+    pub unchanged: BTreeMap<CatalogKind, usize>,
+    /// Orphans deleted, per kind.
+    pub pruned: BTreeMap<CatalogKind, usize>,
+    /// Whether the namespace or a CRD was written.
+    pub setup_writes: usize,
+}
+
+impl SyncReport {
+    /// Total writes made.
+    pub fn writes(&self) -> usize {
+        self.applied.values().sum::<usize>()
+            + self.pruned.values().sum::<usize>()
+            + self.setup_writes
+    }
+}
+
+/// One SKR, as seen by the executor.
+pub struct SkrTarget<'a> {
+    /// Client of the SKR.
+    pub client: &'a Client,
+    /// Sync namespace.
+    pub namespace: &'a str,
+    /// Most requests in flight at once.
+    pub concurrency: usize,
+    /// Request metrics.
+    pub metrics: &'a SkrClientMetrics,
+    /// Checked right before every write; false aborts the sync with
+    /// [`Error::OwnershipLost`].
+    pub may_write: &'a (dyn Fn() -> bool + Send + Sync),
+}
+
+fn api_resource(kind: CatalogKind) -> ApiResource {
+    match kind {
+        CatalogKind::ModuleTemplate => ApiResource::erase::<ModuleTemplate>(&()),
+        CatalogKind::ModuleReleaseMeta => ApiResource::erase::<ModuleReleaseMeta>(&()),
+    }
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(SKR_FIELD_MANAGER).force()
+}
+
+fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 404)
+}
+
+impl SkrTarget<'_> {
+    fn check_ownership(&self) -> Result<()> {
+        if (self.may_write)() {
+            Ok(())
+        } else {
+            Err(Error::OwnershipLost)
+        }
+    }
+
+    /// Syncs `desired` to the SKR, updating `state`. On error the state is left cold, so the
+    /// next sync lists in full and verifies everything.
+    ///
+    /// # Errors
+    /// The first failed operation; other objects were still attempted.
+    pub async fn sync(
+        &self,
+        desired: &DesiredSet,
+        crds: &SkrCrds,
+        state: &mut SkrState,
+    ) -> Result<SyncReport> {
+        let result = self.sync_inner(desired, crds, state).await;
+        state.warm = result.is_ok();
+        if result.is_err() {
+            state.crd_hash = None;
+        }
+        result
+    }
+
+    async fn sync_inner(
+        &self,
+        desired: &DesiredSet,
+        crds: &SkrCrds,
+        state: &mut SkrState,
+    ) -> Result<SyncReport> {
+        let mut report = SyncReport::default();
+        if !state.warm {
+            report.setup_writes += self.ensure_namespace().await?;
+        }
+        if !state.warm || state.crd_hash != Some(crds.hash) {
+            report.setup_writes += self.ensure_crds(crds).await?;
+            state.crd_hash = Some(crds.hash);
+        }
+        let mut first_error = None;
+        for kind in CatalogKind::ALL {
+            let memory = state.memory.entry(kind).or_default();
+            let observed = match self.list(kind, !state.warm).await {
+                Ok(o) => o,
+                Err(err) if matches!(&err, Error::ListSkrObjects { source, .. } if is_not_found(source)) =>
+                {
+                    // The CRD vanished since we last looked (an SKR admin deleted it).
+                    report.setup_writes += self.ensure_crds(crds).await?;
+                    self.list(kind, true).await?
+                }
+                Err(err) => return Err(err),
+            };
+            memory.retain(|name, _| observed.iter().any(|o| &o.name == name));
+            let plan = plan(desired.of(kind), &observed, memory);
+            if let Err(err) = self.execute(kind, &plan, memory, &mut report).await {
+                first_error.get_or_insert(err);
+            }
+        }
+        match first_error {
+            Some(err) => Err(err),
+            None => Ok(report),
+        }
+    }
+
+    async fn execute(
+        &self,
+        kind: CatalogKind,
+        plan: &Plan,
+        memory: &mut crate::catalog::KindMemory,
+        report: &mut SyncReport,
+    ) -> Result<()> {
+        for (name, rv, hash) in &plan.unchanged {
+            memory.insert(name.clone(), (rv.clone(), *hash));
+        }
+        *report.unchanged.entry(kind).or_default() += plan.unchanged.len();
+
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), self.namespace, &api_resource(kind));
+        let results: Vec<Result<(String, String, u64)>> = stream::iter(plan.apply.clone())
+            .map(|obj: crate::catalog::DesiredObject| {
+                let api = api.clone();
+                async move {
+                    self.check_ownership()?;
+                    let res = api
+                        .patch(&obj.name, &apply_params(), &Patch::Apply(&*obj.payload))
+                        .await;
+                    self.metrics.record("apply", &res);
+                    let applied = res.map_err(|source| Error::ApplySkrObject {
+                        kind,
+                        name: obj.name.clone(),
+                        source,
+                    })?;
+                    Ok((
+                        obj.name.clone(),
+                        applied.resource_version().unwrap_or_default(),
+                        obj.hash,
+                    ))
+                }
+            })
+            .buffer_unordered(self.concurrency)
+            .collect()
+            .await;
+        let mut first_error = None;
+        for r in results {
+            match r {
+                Ok((name, rv, hash)) => {
+                    memory.insert(name, (rv, hash));
+                    *report.applied.entry(kind).or_default() += 1;
+                }
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        if let Some(err) = first_error {
+            // Never prune a kind after a failed apply: the failure may hide a desired object.
+            return Err(err);
+        }
+
+        let pruned: Vec<String> = stream::iter(plan.prune.clone())
+            .map(|name: String| {
+                let api = api.clone();
+                async move {
+                    self.check_ownership()?;
+                    let res = api.delete(&name, &DeleteParams::default()).await;
+                    self.metrics.record("delete", &res);
+                    match res {
+                        Ok(_) => Ok(name),
+                        Err(e) if is_not_found(&e) => Ok(name),
+                        Err(source) => Err(Error::PruneSkrObject { kind, name, source }),
+                    }
+                }
+            })
+            .buffer_unordered(self.concurrency)
+            .try_collect()
+            .await?;
+        for name in &pruned {
+            memory.remove(name);
+        }
+        *report.pruned.entry(kind).or_default() += pruned.len();
+        Ok(())
+    }
+
+    async fn list(&self, kind: CatalogKind, full: bool) -> Result<Vec<Observed>> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), self.namespace, &api_resource(kind));
+        let lp = ListParams::default();
+        let wrap = |source| Error::ListSkrObjects { kind, source };
+        if full {
+            let res = api.list(&lp).await;
+            self.metrics.record("list", &res);
+            Ok(res
+                .map_err(wrap)?
+                .items
+                .into_iter()
+                .map(|o| Observed {
+                    name: o.name_any(),
+                    resource_version: o.resource_version().unwrap_or_default(),
+                    managed: is_managed(o.metadata.managed_fields.as_deref()),
+                    content: Some(Arc::new(serde_json::to_value(&o).unwrap_or_default())),
+                })
+                .collect())
+        } else {
+            let res = api.list_metadata(&lp).await;
+            self.metrics.record("list", &res);
+            Ok(res
+                .map_err(wrap)?
+                .items
+                .into_iter()
+                .map(|o| Observed {
+                    name: o.name_any(),
+                    resource_version: o.resource_version().unwrap_or_default(),
+                    managed: is_managed(o.metadata.managed_fields.as_deref()),
+                    content: None,
+                })
+                .collect())
+        }
+    }
+
+    /// Creates the sync namespace when missing. Returns the number of writes (0 or 1).
+    async fn ensure_namespace(&self) -> Result<usize> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let wrap = |source| Error::EnsureSkrNamespace {
+            namespace: self.namespace.to_owned(),
+            source,
+        };
+        let res = api.get_metadata_opt(self.namespace).await;
+        self.metrics.record("get", &res);
+        if res.map_err(wrap)?.is_some() {
+            return Ok(0);
+        }
+        self.check_ownership()?;
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": self.namespace, "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE}},
+        });
+        let res = api
+            .patch(self.namespace, &apply_params(), &Patch::Apply(&body))
+            .await;
+        self.metrics.record("apply", &res);
+        res.map_err(wrap)?;
+        Ok(1)
+    }
+
+    /// Writes each catalog CRD that is missing in the SKR or differs from the KCP's. Returns
+    /// the number of writes.
+    async fn ensure_crds(&self, crds: &SkrCrds) -> Result<usize> {
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let mut writes = 0;
+        for (name, body) in &crds.bodies {
+            let body = body
+                .as_ref()
+                .ok_or_else(|| Error::KcpCrdMissing { name: name.clone() })?;
+            let wrap = |source| Error::EnsureSkrCrd {
+                name: name.clone(),
+                source,
+            };
+            let res = api.get_opt(name).await;
+            self.metrics.record("get", &res);
+            let current = res.map_err(wrap)?;
+            let up_to_date = current.as_ref().is_some_and(|c| {
+                let have = serde_json::to_value(c).unwrap_or_default();
+                is_subset(&body["spec"], &have["spec"])
+                    && is_subset(&body["metadata"]["labels"], &have["metadata"]["labels"])
+            });
+            if up_to_date {
+                continue;
+            }
+            self.check_ownership()?;
+            let res = api
+                .patch(name, &apply_params(), &Patch::Apply(&**body))
+                .await;
+            self.metrics.record("apply", &res);
+            res.map_err(wrap)?;
+            writes += 1;
+            self.await_established(&api, name).await?;
+        }
+        Ok(writes)
+    }
+
+    /// Waits (bounded) until a freshly written CRD is served.
+    async fn await_established(
+        &self,
+        api: &Api<CustomResourceDefinition>,
+        name: &str,
+    ) -> Result<()> {
+        const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(10);
+        let cond = kube::runtime::conditions::is_crd_established();
+        let wait = kube::runtime::wait::await_condition(api.clone(), name, cond);
+        match tokio::time::timeout(ESTABLISH_TIMEOUT, wait).await {
+            Ok(Ok(_)) => Ok(()),
+            // Not established in time: the following list fails with a clear error if it matters.
+            Ok(Err(_)) | Err(_) => Ok(()),
+        }
+    }
+}
+
+fn is_managed(
+    fields: Option<&[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry]>,
+) -> bool {
+    fields
+        .into_iter()
+        .flatten()
+        .any(|f| f.manager.as_deref() == Some(SKR_FIELD_MANAGER))
+}

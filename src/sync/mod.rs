@@ -1,0 +1,7 @@
+//! The sync engine: the Kyma controller ([`reconciler`]), the catalog watcher that requeues
+//! affected Kymas ([`catalog`]), and the per-SKR executor ([`executor`]).
+
+pub mod catalog;
+pub mod condition;
+pub mod executor;
+pub mod reconciler;

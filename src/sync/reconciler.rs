@@ -1,0 +1,437 @@
+//! The Kyma controller: one reconcile syncs one SKR and reports the result in the Kyma's
+//! `ModuleCatalog` condition, the only KCP write catalogsync makes.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{PartialObjectMeta, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+use rand::Rng;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::api::{
+    KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, SKIP_RECONCILIATION_LABEL, is_flag_on,
+};
+use crate::catalog::{CatalogKind, desired_set};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::sharding::ShardView;
+use crate::skr::{SkrPool, find_access_secret};
+use crate::sync::catalog::{CatalogState, sync_fingerprint};
+use crate::sync::condition::{self, REASON_SYNCED, Wanted};
+use crate::sync::executor::{SkrTarget, SyncReport};
+
+/// Sync settings taken from the command line.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// KCP namespace of Kymas, Secrets and the catalog.
+    pub kcp_namespace: String,
+    /// SKR namespace of the copies.
+    pub sync_namespace: String,
+    /// Restricted module names.
+    pub restricted_modules: BTreeSet<String>,
+    /// Periodic resync.
+    pub resync_period: Duration,
+    /// Jitter fraction of the resync.
+    pub resync_jitter: f64,
+    /// Requests in flight per SKR.
+    pub skr_concurrency: usize,
+    /// Timeout of one whole sync.
+    pub sync_timeout: Duration,
+    /// First backoff delay.
+    pub backoff_min: Duration,
+    /// Longest backoff delay.
+    pub backoff_max: Duration,
+}
+
+/// Everything a reconcile needs.
+pub struct Context {
+    /// KCP client.
+    pub kcp: Client,
+    /// Settings.
+    pub settings: Settings,
+    /// SKR clients.
+    pub pool: SkrPool,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// The latest catalog snapshot.
+    pub catalog: watch::Receiver<Arc<CatalogState>>,
+    /// Metadata of the access Secrets.
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Ownership gate.
+    pub shards: ShardView,
+    /// Bookkeeping shared with the catalog watcher.
+    pub book: Book,
+}
+
+/// Per-Kyma bookkeeping: failures in a row (for backoff), the fingerprint of the desired set
+/// last synced successfully, and the Kymas requeued for a catalog change and not yet synced.
+#[derive(Default)]
+pub struct Book {
+    failures: Mutex<HashMap<String, u32>>,
+    synced: Mutex<HashMap<String, u64>>,
+    pending: Mutex<HashSet<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Each critical section is a single map operation, so a poisoned map is still consistent.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Book {
+    /// The fingerprint last synced to `kyma`, if any.
+    pub fn synced_fingerprint(&self, kyma: &str) -> Option<u64> {
+        lock(&self.synced).get(kyma).copied()
+    }
+
+    /// Marks `kyma` as requeued for a catalog change; returns the queue depth.
+    pub fn mark_pending(&self, kyma: &str) -> usize {
+        let mut p = lock(&self.pending);
+        p.insert(kyma.to_owned());
+        p.len()
+    }
+
+    fn finish(&self, kyma: &str, synced: Option<u64>) -> usize {
+        match synced {
+            Some(fp) => {
+                lock(&self.synced).insert(kyma.to_owned(), fp);
+                lock(&self.failures).remove(kyma);
+            }
+            None => {
+                lock(&self.synced).remove(kyma);
+            }
+        }
+        let mut p = lock(&self.pending);
+        p.remove(kyma);
+        p.len()
+    }
+
+    fn forget(&self, kyma: &str) -> usize {
+        lock(&self.failures).remove(kyma);
+        self.finish(kyma, None)
+    }
+
+    fn record_failure(&self, kyma: &str) -> u32 {
+        let mut f = lock(&self.failures);
+        let n = f.entry(kyma.to_owned()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+}
+
+/// Why a Kyma is left alone, if it is.
+fn skip_reason(kyma: &Kyma) -> Option<&'static str> {
+    if kyma.metadata.deletion_timestamp.is_some() {
+        Some("deleting")
+    } else if is_flag_on(kyma.labels().get(SKIP_RECONCILIATION_LABEL)) {
+        Some("skip_reconciliation")
+    } else {
+        None
+    }
+}
+
+/// Keeps only what the controller needs of a Kyma in the cache: identity, labels,
+/// generation, deletion timestamp and the `ModuleCatalog` condition. A Kyma's status and
+/// managed fields are large; 5,000 of them would otherwise dominate memory.
+pub fn trim(kyma: &mut Kyma) {
+    kyma.metadata.managed_fields = None;
+    kyma.metadata.annotations = None;
+    kyma.spec = Default::default();
+    let condition = condition::current(kyma).cloned();
+    kyma.status = Some(crate::api::KymaStatus {
+        conditions: condition.map(|c| vec![c]),
+        ..Default::default()
+    });
+}
+
+/// What of a Kyma should trigger a reconcile: labels (beta, internal, skip, selectors),
+/// deletion, identity. Status writes (ours and KLM's) do not.
+pub fn trigger_hash(kyma: &Kyma) -> Option<u64> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    kyma.metadata.uid.hash(&mut h);
+    kyma.metadata.labels.hash(&mut h);
+    kyma.metadata.deletion_timestamp.is_some().hash(&mut h);
+    Some(h.finish())
+}
+
+/// Syncs the SKR of one Kyma.
+///
+/// # Errors
+/// Any [`Error`]; the Kyma's condition already says what went wrong.
+pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
+    let name = kyma.name_any();
+    let namespace = kyma.namespace().unwrap_or_default();
+    if let Some(reason) = skip_reason(&kyma) {
+        ctx.metrics.sync.skipped.with_label_values(&[reason]).inc();
+        ctx.pool.evict(&name, "released");
+        set_depth(&ctx, ctx.book.forget(&name));
+        debug!(reason, "Leaving Kyma alone");
+        return Ok(Action::await_change());
+    }
+    if !ctx.shards.owns(&namespace, &name) {
+        ctx.pool.evict(&name, "released");
+        set_depth(&ctx, ctx.book.forget(&name));
+        return Ok(Action::await_change());
+    }
+
+    let timer = ctx.metrics.sync.measure();
+    let catalog = Arc::clone(&ctx.catalog.borrow());
+    let (desired, _) = desired_set(
+        &catalog.snapshot,
+        kyma.labels(),
+        &ctx.settings.restricted_modules,
+    );
+    let result = match tokio::time::timeout(
+        ctx.settings.sync_timeout,
+        sync_skr(&kyma, &desired, &catalog, &ctx),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => Err(Error::SyncTimeout(ctx.settings.sync_timeout)),
+    };
+    drop(timer);
+
+    match result {
+        Ok(report) => {
+            record_report(&ctx.metrics, &report);
+            ctx.metrics.sync.runs.with_label_values(&["success"]).inc();
+            set_depth(
+                &ctx,
+                ctx.book
+                    .finish(&name, Some(sync_fingerprint(&desired, &catalog))),
+            );
+            if report.writes() > 0 {
+                info!(applied = ?report.applied, pruned = ?report.pruned, setup_writes = report.setup_writes, "Synced catalog");
+            } else {
+                debug!(objects = desired.len(), "Catalog already in sync");
+            }
+            let wanted = Wanted {
+                status: "True",
+                reason: REASON_SYNCED,
+                message: "the SKR holds the desired module catalog".into(),
+                observed_generation: kyma.metadata.generation,
+            };
+            write_condition(&kyma, &wanted, &ctx).await?;
+            Ok(Action::requeue(jittered(
+                ctx.settings.resync_period,
+                ctx.settings.resync_jitter,
+            )))
+        }
+        Err(Error::OwnershipLost) => {
+            set_depth(&ctx, ctx.book.forget(&name));
+            info!("Stopped sync: the SKR is no longer ours");
+            Ok(Action::await_change())
+        }
+        Err(err) => {
+            ctx.metrics.sync.runs.with_label_values(&["error"]).inc();
+            ctx.metrics
+                .sync
+                .errors
+                .with_label_values(&[err.reason()])
+                .inc();
+            set_depth(&ctx, ctx.book.finish(&name, None));
+            if err.evicts_client() {
+                ctx.pool.evict(&name, "error");
+            }
+            warn!(
+                reason = err.reason(),
+                error = &err as &dyn std::error::Error,
+                "Failed to sync catalog"
+            );
+            let wanted = Wanted {
+                status: "False",
+                reason: err.reason(),
+                message: err.condition_message(),
+                observed_generation: kyma.metadata.generation,
+            };
+            let changed = write_condition(&kyma, &wanted, &ctx).await?;
+            if changed && err.needs_human() {
+                publish_event(&kyma, &wanted, &ctx).await;
+            }
+            Err(err)
+        }
+    }
+}
+
+/// Backoff after a failed reconcile: exponential per Kyma, with jitter, capped.
+pub fn error_policy(kyma: Arc<Kyma>, _err: &Error, ctx: Arc<Context>) -> Action {
+    let failures = ctx.book.record_failure(&kyma.name_any());
+    Action::requeue(backoff(
+        failures,
+        ctx.settings.backoff_min,
+        ctx.settings.backoff_max,
+    ))
+}
+
+/// The delay after `failures` failures in a row: `min * 2^(failures-1)`, capped at `max`,
+/// then scaled by a random factor in [0.5, 1.0] so failing SKRs do not retry in lockstep.
+pub fn backoff(failures: u32, min: Duration, max: Duration) -> Duration {
+    let exp = min.saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(20)));
+    let capped = exp.min(max);
+    capped.mul_f64(rand::rng().random_range(0.5..=1.0))
+}
+
+fn jittered(period: Duration, jitter: f64) -> Duration {
+    period + period.mul_f64(rand::rng().random_range(0.0..=jitter))
+}
+
+fn set_depth(ctx: &Context, depth: usize) {
+    ctx.metrics
+        .sync
+        .queue_depth
+        .set(i64::try_from(depth).unwrap_or(i64::MAX));
+}
+
+fn record_report(metrics: &Metrics, report: &SyncReport) {
+    for kind in CatalogKind::ALL {
+        for (op, map) in [
+            ("applied", &report.applied),
+            ("unchanged", &report.unchanged),
+            ("pruned", &report.pruned),
+        ] {
+            let n = map.get(&kind).copied().unwrap_or(0);
+            if n > 0 {
+                metrics
+                    .sync
+                    .objects
+                    .with_label_values(&[kind.as_str(), op])
+                    .inc_by(n as u64);
+            }
+        }
+    }
+}
+
+async fn sync_skr(
+    kyma: &Kyma,
+    desired: &crate::catalog::DesiredSet,
+    catalog: &CatalogState,
+    ctx: &Context,
+) -> Result<SyncReport> {
+    let name = kyma.name_any();
+    let namespace = kyma.namespace().unwrap_or_default();
+    let entry = {
+        let secrets = ctx.secrets.state();
+        let secret =
+            find_access_secret(secrets.iter().map(AsRef::as_ref), &name, &namespace)?.clone();
+        ctx.pool.get(&name, &secret).await?
+    };
+    let mut state = entry.state.lock().await;
+    let may_write = || ctx.shards.may_write(&namespace, &name);
+    let target = SkrTarget {
+        client: &entry.client,
+        namespace: &ctx.settings.sync_namespace,
+        concurrency: ctx.settings.skr_concurrency,
+        metrics: &ctx.metrics.skr,
+        may_write: &may_write,
+    };
+    target.sync(desired, &catalog.crds, &mut state).await
+}
+
+/// Writes the `ModuleCatalog` condition when it differs from the cached one. Returns whether
+/// it wrote.
+async fn write_condition(kyma: &Kyma, wanted: &Wanted, ctx: &Context) -> Result<bool> {
+    let current = condition::current(kyma);
+    if condition::is_current(current, wanted) {
+        return Ok(false);
+    }
+    let body = condition::apply_body(kyma, current, wanted, Timestamp::now());
+    let api: Api<Kyma> = Api::namespaced(ctx.kcp.clone(), &kyma.namespace().unwrap_or_default());
+    api.patch_status(
+        &kyma.name_any(),
+        &PatchParams::apply(KCP_FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(Error::WriteCondition)?;
+    ctx.metrics
+        .sync
+        .condition_writes
+        .with_label_values(&[wanted.status])
+        .inc();
+    info!(
+        condition = MODULE_CATALOG_CONDITION,
+        status = wanted.status,
+        reason = wanted.reason,
+        "Updated Kyma condition"
+    );
+    Ok(true)
+}
+
+async fn publish_event(kyma: &Kyma, wanted: &Wanted, ctx: &Context) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: wanted.reason.to_owned(),
+        note: Some(wanted.message.chars().take(1000).collect()),
+        action: "SyncModuleCatalog".into(),
+        secondary: None,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &kyma.object_ref(&())).await {
+        warn!(
+            error = &error as &dyn std::error::Error,
+            "Failed to publish event"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let min = Duration::from_secs(5);
+        let max = Duration::from_secs(300);
+        for _ in 0..100 {
+            let first = backoff(1, min, max);
+            assert!(
+                first >= Duration::from_millis(2500) && first <= min,
+                "{first:?}"
+            );
+            let late = backoff(30, min, max);
+            assert!(late >= Duration::from_secs(150) && late <= max, "{late:?}");
+        }
+        assert!(backoff(3, min, max) <= Duration::from_secs(20));
+    }
+
+    #[test]
+    fn trim_keeps_only_what_the_controller_reads() {
+        let mut k = Kyma::new("k", Default::default());
+        k.metadata.labels = Some([("a".to_owned(), "b".to_owned())].into());
+        k.metadata.annotations = Some([("big".to_owned(), "x".repeat(1000))].into());
+        k.spec.channel = Some("regular".into());
+        k.status = Some(crate::api::KymaStatus {
+            state: Some("Ready".into()),
+            ..Default::default()
+        });
+        trim(&mut k);
+        assert!(k.metadata.annotations.is_none());
+        assert_eq!(k.spec, Default::default());
+        assert_eq!(k.status, Some(Default::default()));
+        assert_eq!(k.labels().get("a").map(String::as_str), Some("b"));
+    }
+
+    #[test]
+    fn skip_rules() {
+        let mut k = Kyma::new("k", Default::default());
+        assert_eq!(skip_reason(&k), None);
+        k.metadata.labels =
+            Some([(SKIP_RECONCILIATION_LABEL.to_owned(), "TRUE".to_owned())].into());
+        assert_eq!(skip_reason(&k), Some("skip_reconciliation"));
+        k.metadata.labels = None;
+        k.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            Timestamp::now(),
+        ));
+        assert_eq!(skip_reason(&k), Some("deleting"));
+    }
+}
