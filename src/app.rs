@@ -78,10 +78,7 @@ async fn signal_handler(token: CancellationToken) {
                 s.recv().await;
             }
             Err(error) => {
-                warn!(
-                    error = &error as &dyn std::error::Error,
-                    "Failed to listen for SIGTERM"
-                );
+                warn!(error = &error as &dyn std::error::Error, "Failed to listen for SIGTERM");
                 std::future::pending::<()>().await;
             }
         }
@@ -99,11 +96,7 @@ async fn signal_handler(token: CancellationToken) {
 ///
 /// # Errors
 /// Returns an [`AppError`] when start-up fails or an essential task dies.
-pub async fn run_with(
-    kcp: Client,
-    args: RunArgs,
-    shutdown: CancellationToken,
-) -> Result<(), AppError> {
+pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -> Result<(), AppError> {
     let metrics = Metrics::new().map_err(AppError::Metrics)?;
     let ns = args.kcp_namespace.clone();
     let settings = Settings {
@@ -130,15 +123,12 @@ pub async fn run_with(
     .reflect(secret_writer)
     .touched_objects();
     let (kyma_store, kyma_writer) = reflector::store();
-    let kyma_stream = watcher(
-        Api::<Kyma>::namespaced(kcp.clone(), &ns),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(reconciler::trim)
-    .reflect(kyma_writer)
-    .applied_objects()
-    .predicate_filter(reconciler::trigger_hash, PredicateConfig::default());
+    let kyma_stream = watcher(Api::<Kyma>::namespaced(kcp.clone(), &ns), watcher::Config::default())
+        .default_backoff()
+        .modify(reconciler::trim)
+        .reflect(kyma_writer)
+        .applied_objects()
+        .predicate_filter(reconciler::trigger_hash, PredicateConfig::default());
 
     let (catalog_tx, catalog_rx) = watch::channel(Arc::new(CatalogState::default()));
     let (requeue_tx, requeue_rx) = mpsc::channel(REQUEUE_CAPACITY);
@@ -148,10 +138,7 @@ pub async fn run_with(
         pool: SkrPool::new(
             kcp.clone(),
             ns.clone(),
-            AccessTimeouts {
-                connect: SKR_CONNECT_TIMEOUT,
-                request: args.skr_request_timeout,
-            },
+            AccessTimeouts { connect: SKR_CONNECT_TIMEOUT, request: args.skr_request_timeout },
             metrics.skr.clone(),
         ),
         settings,
@@ -160,10 +147,7 @@ pub async fn run_with(
         secrets: secret_store.clone(),
         recorder: Recorder::new(
             kcp.clone(),
-            Reporter {
-                controller: "catalogsync".into(),
-                instance: Some(args.identity.clone()),
-            },
+            Reporter { controller: "catalogsync".into(), instance: Some(args.identity.clone()) },
         ),
         shards: shards.clone(),
         book: Book::default(),
@@ -171,14 +155,9 @@ pub async fn run_with(
 
     let (ready_tx, ready_rx) = watch::channel(false);
     let http_shutdown = shutdown.clone();
-    let http_task = http::serve(
-        args.http_addr,
-        HttpState {
-            metrics: metrics.clone(),
-            ready: ready_rx,
-        },
-        async move { http_shutdown.cancelled().await },
-    )
+    let http_task = http::serve(args.http_addr, HttpState { metrics: metrics.clone(), ready: ready_rx }, async move {
+        http_shutdown.cancelled().await
+    })
     .instrument(info_span!("http"));
 
     let catalog_task = run_catalog_loop(
@@ -201,9 +180,7 @@ pub async fn run_with(
             return;
         }
         let ns = controller_ctx.settings.kcp_namespace.clone();
-        let requeue = futures::stream::unfold(requeue_rx, |mut rx| async move {
-            rx.recv().await.map(|r| (r, rx))
-        });
+        let requeue = futures::stream::unfold(requeue_rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
         Controller::for_stream(kyma_stream, kyma_store.clone())
             .watches_stream(secret_stream, move |secret| {
                 let kyma = secret.metadata.labels.as_ref()?.get(KYMA_NAME_LABEL)?;
@@ -212,11 +189,7 @@ pub async fn run_with(
             .reconcile_on(requeue)
             .with_config(controller::Config::default().concurrency(args.concurrency))
             .graceful_shutdown_on(async move { controller_shutdown.cancelled().await })
-            .run(
-                reconciler::reconcile,
-                reconciler::error_policy,
-                controller_ctx,
-            )
+            .run(reconciler::reconcile, reconciler::error_policy, controller_ctx)
             .for_each(|res| async move {
                 if let Err(controller::Error::ObjectNotFound(obj)) = &res {
                     tracing::debug!(kyma = %obj, "Kyma vanished before its reconcile");
@@ -263,8 +236,6 @@ pub async fn run_with(
 
 /// Resolves to true once the Kyma cache has finished its first list. The Kyma store is filled
 /// by the controller's own stream, so readiness is observed through the context's store.
-fn kyma_store_ready(
-    _ctx: &Arc<Context>,
-) -> impl std::future::Future<Output = bool> + Send + 'static {
+fn kyma_store_ready(_ctx: &Arc<Context>) -> impl std::future::Future<Output = bool> + Send + 'static {
     futures::future::ready(true).boxed()
 }

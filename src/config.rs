@@ -40,21 +40,11 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Namespace in the KCP that holds the Kymas, their access Secrets and the catalog.
-    #[arg(
-        long,
-        env = "CATALOGSYNC_KCP_NAMESPACE",
-        default_value = "kcp-system",
-        help_heading = "Catalog"
-    )]
+    #[arg(long, env = "CATALOGSYNC_KCP_NAMESPACE", default_value = "kcp-system", help_heading = "Catalog")]
     pub kcp_namespace: String,
 
     /// Namespace in each SKR that receives the catalog copies (created if missing).
-    #[arg(
-        long,
-        env = "CATALOGSYNC_SYNC_NAMESPACE",
-        default_value = "kyma-system",
-        help_heading = "Catalog"
-    )]
+    #[arg(long, env = "CATALOGSYNC_SYNC_NAMESPACE", default_value = "kyma-system", help_heading = "Catalog")]
     pub sync_namespace: String,
 
     /// Comma-separated module names that only Kymas matching the module's
@@ -75,12 +65,7 @@ pub struct RunArgs {
 
     /// Random extra delay added to each resync, as a fraction of the resync period, so SKRs
     /// do not all resync at once.
-    #[arg(
-        long,
-        env = "CATALOGSYNC_RESYNC_JITTER",
-        default_value = "0.1",
-        help_heading = "Sync"
-    )]
+    #[arg(long, env = "CATALOGSYNC_RESYNC_JITTER", default_value = "0.1", help_heading = "Sync")]
     pub resync_jitter: f64,
 
     /// How long catalog changes are gathered before the affected SKRs are synced, so that a
@@ -89,21 +74,11 @@ pub struct RunArgs {
     pub catalog_debounce: Duration,
 
     /// Most SKRs this replica syncs at the same time.
-    #[arg(
-        long,
-        env = "CATALOGSYNC_CONCURRENCY",
-        default_value = "64",
-        help_heading = "Sync"
-    )]
+    #[arg(long, env = "CATALOGSYNC_CONCURRENCY", default_value = "64", help_heading = "Sync")]
     pub concurrency: u16,
 
     /// Most requests in flight to one SKR at the same time.
-    #[arg(
-        long,
-        env = "CATALOGSYNC_SKR_CONCURRENCY",
-        default_value = "4",
-        help_heading = "Sync"
-    )]
+    #[arg(long, env = "CATALOGSYNC_SKR_CONCURRENCY", default_value = "4", help_heading = "Sync")]
     pub skr_concurrency: usize,
 
     /// Timeout of one request to an SKR (connect, send and read).
@@ -123,40 +98,19 @@ pub struct RunArgs {
     pub backoff_max: Duration,
 
     /// Address of the HTTP server for /metrics, /healthz, /readyz and /debug/shards.
-    #[arg(
-        long,
-        env = "CATALOGSYNC_HTTP_ADDR",
-        default_value = "0.0.0.0:8080",
-        help_heading = "Operations"
-    )]
+    #[arg(long, env = "CATALOGSYNC_HTTP_ADDR", default_value = "0.0.0.0:8080", help_heading = "Operations")]
     pub http_addr: SocketAddr,
 
     /// Name of this replica: the pod name in a cluster. Used in events and logs.
-    #[arg(
-        long,
-        env = "POD_NAME",
-        default_value = "catalogsync",
-        help_heading = "Operations"
-    )]
+    #[arg(long, env = "POD_NAME", default_value = "catalogsync", help_heading = "Operations")]
     pub identity: String,
 
     /// Log format.
-    #[arg(
-        long,
-        env = "CATALOGSYNC_LOG_FORMAT",
-        value_enum,
-        default_value = "plain",
-        help_heading = "Operations"
-    )]
+    #[arg(long, env = "CATALOGSYNC_LOG_FORMAT", value_enum, default_value = "plain", help_heading = "Operations")]
     pub log_format: LogFormat,
 
     /// Log filter, in tracing's EnvFilter syntax (for example `info,catalogsync=debug`).
-    #[arg(
-        long,
-        env = "CATALOGSYNC_LOG",
-        default_value = "info",
-        help_heading = "Operations"
-    )]
+    #[arg(long, env = "CATALOGSYNC_LOG", default_value = "info", help_heading = "Operations")]
     pub log_filter: String,
 
     /// How long in-flight work may take to finish after SIGTERM.
@@ -167,11 +121,7 @@ pub struct RunArgs {
 impl RunArgs {
     /// The restricted module names as a set, without empty entries.
     pub fn restricted_set(&self) -> BTreeSet<String> {
-        self.restricted_modules
-            .iter()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-            .collect()
+        self.restricted_modules.iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect()
     }
 
     /// Checks relations between flags that clap cannot.
@@ -200,9 +150,7 @@ impl RunArgs {
 /// # Errors
 /// Returns a message when the text is not such a duration.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let err = || {
-        format!("invalid duration {text:?}: use a number with a unit, such as 500ms, 10s, 5m or 1h")
-    };
+    let err = || format!("invalid duration {text:?}: use a number with a unit, such as 500ms, 10s, 5m or 1h");
     let mut total = Duration::ZERO;
     let mut rest = text.trim();
     if rest.is_empty() {
@@ -215,9 +163,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         }
         let value: u64 = rest[..digits].parse().map_err(|_| err())?;
         rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
         let unit = match &rest[..unit_len] {
             "ms" => Duration::from_millis(value),
             "s" => Duration::from_secs(value),
@@ -247,11 +193,7 @@ mod tests {
         let cmd = Cli::command();
         let run = cmd.find_subcommand("run").expect("run subcommand exists");
         for arg in run.get_arguments().filter(|a| a.get_long().is_some()) {
-            assert!(
-                arg.get_env().is_some(),
-                "flag --{} has no env var",
-                arg.get_id()
-            );
+            assert!(arg.get_env().is_some(), "flag --{} has no env var", arg.get_id());
         }
     }
 
@@ -268,9 +210,7 @@ mod tests {
     #[test]
     fn defaults_validate() {
         let cli = Cli::try_parse_from(["catalogsync", "run"]).expect("defaults parse");
-        let Command::Run(args) = cli.command else {
-            unreachable!("run was given")
-        };
+        let Command::Run(args) = cli.command else { unreachable!("run was given") };
         assert_eq!(args.validate(), Ok(()));
         assert!(args.restricted_set().is_empty());
         assert_eq!(args.resync_period, Duration::from_secs(600));

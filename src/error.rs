@@ -7,9 +7,7 @@ use crate::catalog::CatalogKind;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No Secret in the KCP carries the Kyma's `kyma-name` label.
-    #[error(
-        "found no access secret labelled operator.kyma-project.io/kyma-name={kyma} in namespace {namespace}"
-    )]
+    #[error("found no access secret labelled operator.kyma-project.io/kyma-name={kyma} in namespace {namespace}")]
     AccessSecretMissing {
         /// Kyma name.
         kyma: String,
@@ -35,7 +33,7 @@ pub enum Error {
         name: String,
         /// Cause.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// The access Secret has no usable kubeconfig.
     #[error("access secret {name} holds no usable kubeconfig in data key \"config\": {reason}")]
@@ -52,7 +50,7 @@ pub enum Error {
         namespace: String,
         /// Cause.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// Checking or writing a catalog CRD in the SKR failed.
     #[error("failed to ensure CRD {name} in the SKR")]
@@ -61,7 +59,7 @@ pub enum Error {
         name: String,
         /// Cause.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// The KCP CRD of a catalog kind is not known yet.
     #[error("the KCP has no CRD {name} to copy to the SKR")]
@@ -76,7 +74,7 @@ pub enum Error {
         kind: CatalogKind,
         /// Cause.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// Applying a copy to the SKR failed.
     #[error("failed to apply {} {name} to the SKR", kind.as_str())]
@@ -87,7 +85,7 @@ pub enum Error {
         name: String,
         /// Cause.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// Deleting an orphaned copy from the SKR failed.
     #[error("failed to delete orphaned {} {name} from the SKR", kind.as_str())]
@@ -98,7 +96,7 @@ pub enum Error {
         name: String,
         /// Cause.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// The whole sync took longer than `--sync-timeout`.
     #[error("sync did not finish within {0:?}")]
@@ -108,7 +106,7 @@ pub enum Error {
     OwnershipLost,
     /// Writing the Kyma's `ModuleCatalog` condition failed.
     #[error("failed to write the ModuleCatalog condition of the Kyma")]
-    WriteCondition(#[source] kube::Error),
+    WriteCondition(#[source] Box<kube::Error>),
 }
 
 /// Result alias of this crate.
@@ -155,10 +153,7 @@ impl Error {
     /// Whether the cached SKR client must be dropped, so the next attempt re-reads the Secret
     /// and connects anew (rotated credentials, changed endpoint).
     pub fn evicts_client(&self) -> bool {
-        matches!(
-            self.reason(),
-            "SkrUnauthorized" | "SkrUnreachable" | "AccessSecretInvalid"
-        )
+        matches!(self.reason(), "SkrUnauthorized" | "SkrUnreachable" | "AccessSecretInvalid")
     }
 
     /// Whether a human must act (a Kubernetes Event is emitted on the Kyma).

@@ -32,20 +32,14 @@ pub fn router(state: HttpState) -> Router {
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
 }
 
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     if *state.ready.borrow() {
         (StatusCode::OK, "ready")
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "waiting for the KCP caches to sync",
-        )
+        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the KCP caches to sync")
     }
 }
 
@@ -60,9 +54,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "Serving metrics and health");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
 
 #[cfg(test)]
@@ -74,15 +66,9 @@ mod tests {
     use super::*;
 
     async fn get_status(router: Router, path: &str) -> (StatusCode, String) {
-        let resp = router
-            .oneshot(Request::get(path).body(Body::empty()).expect("request"))
-            .await
-            .expect("response");
+        let resp = router.oneshot(Request::get(path).body(Body::empty()).expect("request")).await.expect("response");
         let status = resp.status();
-        let body = http_body_util::BodyExt::collect(resp.into_body())
-            .await
-            .expect("body")
-            .to_bytes();
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await.expect("body").to_bytes();
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
@@ -91,10 +77,7 @@ mod tests {
         let metrics = Metrics::new().expect("metrics");
         let (tx, rx) = watch::channel(false);
         let r = router(HttpState { metrics, ready: rx });
-        assert_eq!(
-            get_status(r.clone(), "/readyz").await.0,
-            StatusCode::SERVICE_UNAVAILABLE
-        );
+        assert_eq!(get_status(r.clone(), "/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(get_status(r.clone(), "/healthz").await.0, StatusCode::OK);
         tx.send_replace(true);
         assert_eq!(get_status(r.clone(), "/readyz").await.0, StatusCode::OK);

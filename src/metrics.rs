@@ -5,15 +5,12 @@
 use std::time::Instant;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets of the sync duration histogram: a warm no-op sync is a few milliseconds, a cold
 /// sync of a large catalog a few seconds, a timeout tens of seconds.
-const SYNC_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
+const SYNC_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
 /// All metrics of a replica.
 #[derive(Clone)]
@@ -72,12 +69,7 @@ pub struct CatalogMetrics {
     pub requeued: IntCounter,
 }
 
-fn counter_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> prometheus::Result<IntCounterVec> {
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
     let c = IntCounterVec::new(Opts::new(name, help), labels)?;
     registry.register(Box::new(c.clone()))?;
     Ok(c)
@@ -89,12 +81,7 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntG
     Ok(g)
 }
 
-fn gauge_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> prometheus::Result<IntGaugeVec> {
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
     let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
     registry.register(Box::new(g.clone()))?;
     Ok(g)
@@ -107,11 +94,8 @@ impl SyncMetrics {
     /// Fails when a metric is registered twice.
     pub fn register(r: &Registry) -> prometheus::Result<Self> {
         let duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "catalogsync_sync_duration_seconds",
-                "Duration of one sync of one SKR, in seconds.",
-            )
-            .buckets(SYNC_BUCKETS.to_vec()),
+            HistogramOpts::new("catalogsync_sync_duration_seconds", "Duration of one sync of one SKR, in seconds.")
+                .buckets(SYNC_BUCKETS.to_vec()),
         )?;
         r.register(Box::new(duration.clone()))?;
         Ok(Self {
@@ -158,10 +142,7 @@ impl SyncMetrics {
     /// Starts timing a sync; the returned guard records the duration when dropped.
     pub fn measure(&self) -> SyncTimer {
         self.in_flight.inc();
-        SyncTimer {
-            start: Instant::now(),
-            metrics: self.clone(),
-        }
+        SyncTimer { start: Instant::now(), metrics: self.clone() }
     }
 }
 
@@ -173,9 +154,7 @@ pub struct SyncTimer {
 
 impl Drop for SyncTimer {
     fn drop(&mut self) {
-        self.metrics
-            .duration
-            .observe(self.start.elapsed().as_secs_f64());
+        self.metrics.duration.observe(self.start.elapsed().as_secs_f64());
         self.metrics.in_flight.dec();
     }
 }
@@ -193,11 +172,7 @@ impl SkrClientMetrics {
                 "Requests to SKR apiservers, by verb (get, list, apply, delete) and result (success, not_found, error).",
                 &["verb", "result"],
             )?,
-            clients: gauge(
-                r,
-                "catalogsync_skr_clients",
-                "SKR clients cached by this replica.",
-            )?,
+            clients: gauge(r, "catalogsync_skr_clients", "SKR clients cached by this replica.")?,
             evictions: counter_vec(
                 r,
                 "catalogsync_skr_client_evictions_total",
@@ -275,10 +250,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         if let Err(error) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
-            tracing::warn!(
-                error = &error as &dyn std::error::Error,
-                "Failed to encode metrics"
-            );
+            tracing::warn!(error = &error as &dyn std::error::Error, "Failed to encode metrics");
         }
         String::from_utf8(buf).unwrap_or_default()
     }

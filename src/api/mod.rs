@@ -9,7 +9,7 @@ mod kyma;
 mod module_release_meta;
 mod module_template;
 
-pub use kyma::{Kyma, KymaSpec, KymaStatus, Module, ModuleStatus, LastOperation, TrackingObject, TrackingMetadata};
+pub use kyma::{Kyma, KymaSpec, KymaStatus, LastOperation, Module, ModuleStatus, TrackingMetadata, TrackingObject};
 pub use module_release_meta::{ChannelVersion, Mandatory, ModuleReleaseMeta, ModuleReleaseMetaSpec};
 pub use module_template::{
     AssociatedResource, CustomStateCheck, Link, Manager, ModuleInfo, ModuleTemplate, ModuleTemplateSpec,

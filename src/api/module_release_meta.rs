@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
     shortname = "mrm",
     namespaced,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    validation = r#"Rule::new("has(self.mandatory) != has(self.channels)").message("exactly one of 'mandatory' or 'channels' must be specified")"#
+    validation = kube::core::Rule::new("has(self.spec.mandatory) != has(self.spec.channels)").message("exactly one of 'mandatory' or 'channels' must be specified")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ModuleReleaseMetaSpec {

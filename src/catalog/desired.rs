@@ -163,6 +163,8 @@ pub fn desired_set(
     }
 
     for mt in snapshot.templates.values() {
+        // By `<spec.moduleName>-<spec.version>`, not by name (spec section 2.6, as KLM does), so
+        // that catalogsync syncs exactly what KLM synced and a fleet moves over unchanged.
         let key = format!("{}-{}", mt.module_name, mt.version);
         if mt.is_allowed_for(kyma_beta, kyma_internal) && wanted_templates.contains(&key) {
             out.templates.insert(
@@ -173,3 +175,6 @@ pub fn desired_set(
     }
     (out, warnings)
 }
+
+#[cfg(test)]
+mod tests;

@@ -82,3 +82,6 @@ pub fn plan(desired: &BTreeMap<String, DesiredObject>, observed: &[Observed], me
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

@@ -21,9 +21,7 @@ impl Default for ShardView {
 impl ShardView {
     /// A view that owns everything until fenced.
     pub fn single_replica() -> Self {
-        Self {
-            fenced: Arc::new(AtomicBool::new(false)),
-        }
+        Self { fenced: Arc::new(AtomicBool::new(false)) }
     }
 
     /// Whether the Kyma `namespace/name` belongs to this replica.

@@ -35,31 +35,16 @@ pub fn find_access_secret<'a>(
         .into_iter()
         .filter(|s| {
             s.metadata.namespace.as_deref() == Some(namespace)
-                && s.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(KYMA_NAME_LABEL))
-                    .map(String::as_str)
-                    == Some(kyma)
+                && s.metadata.labels.as_ref().and_then(|l| l.get(KYMA_NAME_LABEL)).map(String::as_str) == Some(kyma)
         })
         .collect();
     match found.len() {
-        0 => Err(Error::AccessSecretMissing {
-            kyma: kyma.to_owned(),
-            namespace: namespace.to_owned(),
-        }),
+        0 => Err(Error::AccessSecretMissing { kyma: kyma.to_owned(), namespace: namespace.to_owned() }),
         1 => Ok(found.remove(0)),
         count => {
-            let mut names: Vec<&str> = found
-                .iter()
-                .filter_map(|s| s.metadata.name.as_deref())
-                .collect();
+            let mut names: Vec<&str> = found.iter().filter_map(|s| s.metadata.name.as_deref()).collect();
             names.sort_unstable();
-            Err(Error::AccessSecretAmbiguous {
-                kyma: kyma.to_owned(),
-                count,
-                names: names.join(", "),
-            })
+            Err(Error::AccessSecretAmbiguous { kyma: kyma.to_owned(), count, names: names.join(", ") })
         }
     }
 }
@@ -71,23 +56,14 @@ pub fn find_access_secret<'a>(
 /// usable cluster and credentials.
 pub async fn client_from_secret(secret: &Secret, timeouts: AccessTimeouts) -> Result<Client> {
     let name = secret.metadata.name.clone().unwrap_or_default();
-    let invalid = |reason: String| Error::AccessSecretInvalid {
-        name: name.clone(),
-        reason,
-    };
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(KUBECONFIG_KEY))
-        .ok_or_else(|| invalid("the key is missing".into()))?;
-    let text =
-        std::str::from_utf8(&bytes.0).map_err(|_| invalid("the kubeconfig is not UTF-8".into()))?;
-    let kubeconfig = Kubeconfig::from_yaml(text)
-        .map_err(|e| invalid(format!("the kubeconfig does not parse: {e}")))?;
-    let mut config =
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .map_err(|e| invalid(format!("the kubeconfig is not usable: {e}")))?;
+    let invalid = |reason: String| Error::AccessSecretInvalid { name: name.clone(), reason };
+    let bytes =
+        secret.data.as_ref().and_then(|d| d.get(KUBECONFIG_KEY)).ok_or_else(|| invalid("the key is missing".into()))?;
+    let text = std::str::from_utf8(&bytes.0).map_err(|_| invalid("the kubeconfig is not UTF-8".into()))?;
+    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| invalid(format!("the kubeconfig does not parse: {e}")))?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| invalid(format!("the kubeconfig is not usable: {e}")))?;
     config.connect_timeout = Some(timeouts.connect);
     config.read_timeout = Some(timeouts.request);
     config.write_timeout = Some(timeouts.request);
@@ -117,64 +93,26 @@ mod tests {
     fn exactly_one_secret_is_required() {
         let secrets = [secret("a", "k1"), secret("b", "k2"), secret("c", "k2")];
         assert_eq!(
-            find_access_secret(&secrets, "k1", "kcp-system")
-                .ok()
-                .and_then(|s| s.metadata.name.clone()),
+            find_access_secret(&secrets, "k1", "kcp-system").ok().and_then(|s| s.metadata.name.clone()),
             Some("a".into())
         );
-        assert!(matches!(
-            find_access_secret(&secrets, "k3", "kcp-system"),
-            Err(Error::AccessSecretMissing { .. })
-        ));
+        assert!(matches!(find_access_secret(&secrets, "k3", "kcp-system"), Err(Error::AccessSecretMissing { .. })));
         let err = find_access_secret(&secrets, "k2", "kcp-system").err();
-        assert!(
-            matches!(err, Some(Error::AccessSecretAmbiguous { count: 2, .. })),
-            "{err:?}"
-        );
-        assert!(matches!(
-            find_access_secret(&secrets, "k1", "other"),
-            Err(Error::AccessSecretMissing { .. })
-        ));
+        assert!(matches!(err, Some(Error::AccessSecretAmbiguous { count: 2, .. })), "{err:?}");
+        assert!(matches!(find_access_secret(&secrets, "k1", "other"), Err(Error::AccessSecretMissing { .. })));
     }
 
     #[tokio::test]
     async fn malformed_kubeconfig_is_invalid_not_a_crash() {
-        let timeouts = AccessTimeouts {
-            connect: Duration::from_secs(1),
-            request: Duration::from_secs(1),
-        };
-        let mut s = Secret {
-            metadata: ObjectMeta {
-                name: Some("s".into()),
-                ..ObjectMeta::default()
-            },
-            ..Secret::default()
-        };
-        assert!(matches!(
-            client_from_secret(&s, timeouts).await,
-            Err(Error::AccessSecretInvalid { .. })
-        ));
+        let timeouts = AccessTimeouts { connect: Duration::from_secs(1), request: Duration::from_secs(1) };
+        let mut s =
+            Secret { metadata: ObjectMeta { name: Some("s".into()), ..ObjectMeta::default() }, ..Secret::default() };
+        assert!(matches!(client_from_secret(&s, timeouts).await, Err(Error::AccessSecretInvalid { .. })));
+        s.data = Some([(KUBECONFIG_KEY.to_owned(), k8s_openapi::ByteString(b"{not: [yaml".to_vec()))].into());
+        assert!(matches!(client_from_secret(&s, timeouts).await, Err(Error::AccessSecretInvalid { .. })));
         s.data = Some(
-            [(
-                KUBECONFIG_KEY.to_owned(),
-                k8s_openapi::ByteString(b"{not: [yaml".to_vec()),
-            )]
-            .into(),
+            [(KUBECONFIG_KEY.to_owned(), k8s_openapi::ByteString(b"apiVersion: v1\nkind: Config\n".to_vec()))].into(),
         );
-        assert!(matches!(
-            client_from_secret(&s, timeouts).await,
-            Err(Error::AccessSecretInvalid { .. })
-        ));
-        s.data = Some(
-            [(
-                KUBECONFIG_KEY.to_owned(),
-                k8s_openapi::ByteString(b"apiVersion: v1\nkind: Config\n".to_vec()),
-            )]
-            .into(),
-        );
-        assert!(matches!(
-            client_from_secret(&s, timeouts).await,
-            Err(Error::AccessSecretInvalid { .. })
-        ));
+        assert!(matches!(client_from_secret(&s, timeouts).await, Err(Error::AccessSecretInvalid { .. })));
     }
 }

@@ -51,36 +51,20 @@ fn secret_version(meta: &PartialObjectMeta<Secret>) -> String {
     format!(
         "{}/{}",
         meta.metadata.uid.as_deref().unwrap_or_default(),
-        meta.metadata
-            .resource_version
-            .as_deref()
-            .unwrap_or_default()
+        meta.metadata.resource_version.as_deref().unwrap_or_default()
     )
 }
 
 impl SkrPool {
     /// Creates an empty pool that reads access Secrets from `namespace` in the KCP.
-    pub fn new(
-        kcp: Client,
-        namespace: String,
-        timeouts: AccessTimeouts,
-        metrics: SkrClientMetrics,
-    ) -> Self {
-        Self {
-            entries: Mutex::default(),
-            kcp,
-            namespace,
-            timeouts,
-            metrics,
-        }
+    pub fn new(kcp: Client, namespace: String, timeouts: AccessTimeouts, metrics: SkrClientMetrics) -> Self {
+        Self { entries: Mutex::default(), kcp, namespace, timeouts, metrics }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SkrEntry>>> {
         // A poisoned lock only means another thread panicked while holding it; the map itself
         // is always in a consistent state (single inserts and removes).
-        self.entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Returns the client for `kyma`, reading the Secret and building a client when none is
@@ -88,39 +72,21 @@ impl SkrPool {
     ///
     /// # Errors
     /// [`Error::ReadAccessSecret`] or [`Error::AccessSecretInvalid`].
-    pub async fn get(
-        &self,
-        kyma: &str,
-        secret: &PartialObjectMeta<Secret>,
-    ) -> Result<Arc<SkrEntry>> {
+    pub async fn get(&self, kyma: &str, secret: &PartialObjectMeta<Secret>) -> Result<Arc<SkrEntry>> {
         let version = secret_version(secret);
-        if let Some(entry) = self
-            .lock()
-            .get(kyma)
-            .filter(|e| e.secret_version == version)
-        {
+        if let Some(entry) = self.lock().get(kyma).filter(|e| e.secret_version == version) {
             return Ok(Arc::clone(entry));
         }
         let name = secret.metadata.name.clone().unwrap_or_default();
         let full = Api::<Secret>::namespaced(self.kcp.clone(), &self.namespace)
             .get(&name)
             .await
-            .map_err(|source| Error::ReadAccessSecret {
-                name: name.clone(),
-                source,
-            })?;
+            .map_err(|source| Error::ReadAccessSecret { name: name.clone(), source: Box::new(source) })?;
         let client = client_from_secret(&full, self.timeouts).await?;
-        let entry = Arc::new(SkrEntry {
-            secret_version: version,
-            client,
-            state: tokio::sync::Mutex::default(),
-        });
+        let entry = Arc::new(SkrEntry { secret_version: version, client, state: tokio::sync::Mutex::default() });
         let replaced = self.lock().insert(kyma.to_owned(), Arc::clone(&entry));
         if replaced.is_some() {
-            self.metrics
-                .evictions
-                .with_label_values(&["secret_changed"])
-                .inc();
+            self.metrics.evictions.with_label_values(&["secret_changed"]).inc();
         }
         self.update_gauge();
         Ok(entry)
@@ -146,8 +112,6 @@ impl SkrPool {
 
     fn update_gauge(&self) {
         let n = self.len();
-        self.metrics
-            .clients
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.metrics.clients.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 }

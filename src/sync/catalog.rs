@@ -42,8 +42,9 @@ pub struct CatalogStores {
     pub templates: Store<DynamicObject>,
     /// ModuleReleaseMetas.
     pub release_metas: Store<DynamicObject>,
-    /// The two catalog CRDs.
-    pub crds: Store<CustomResourceDefinition>,
+    /// The two catalog CRDs, one store each (each is watched by name, and a watcher's
+    /// re-list replaces the whole content of its store).
+    pub crds: Vec<Store<CustomResourceDefinition>>,
 }
 
 impl CatalogStores {
@@ -54,42 +55,32 @@ impl CatalogStores {
     pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
         self.templates.wait_until_ready().await?;
         self.release_metas.wait_until_ready().await?;
-        self.crds.wait_until_ready().await
+        for store in &self.crds {
+            store.wait_until_ready().await?;
+        }
+        Ok(())
     }
 
     /// Builds the current catalog state.
     pub fn state(&self, sync_namespace: &str) -> CatalogState {
         let mts = self.templates.state();
         let mrms = self.release_metas.state();
-        let snapshot = Snapshot::build(
-            mts.iter().map(AsRef::as_ref),
-            mrms.iter().map(AsRef::as_ref),
-            sync_namespace,
-        );
-        let crds = self.crds.state();
+        let snapshot = Snapshot::build(mts.iter().map(AsRef::as_ref), mrms.iter().map(AsRef::as_ref), sync_namespace);
+        let crds: Vec<Arc<CustomResourceDefinition>> = self.crds.iter().flat_map(Store::state).collect();
         let found: BTreeMap<String, Option<CustomResourceDefinition>> = skr_crd_names()
             .into_iter()
             .map(|name| {
-                let crd = crds
-                    .iter()
-                    .find(|c| c.name_any() == name)
-                    .map(|c| (**c).clone());
+                let crd = crds.iter().find(|c| c.name_any() == name).map(|c| (**c).clone());
                 (name, crd)
             })
             .collect();
-        CatalogState {
-            snapshot,
-            crds: SkrCrds::from_kcp(found),
-        }
+        CatalogState { snapshot, crds: SkrCrds::from_kcp(found) }
     }
 }
 
 /// Starts the KCP watches of the catalog. Returns the stores and one stream that yields
 /// `()` per change; the stream must be polled for the stores to fill.
-pub fn watch_catalog(
-    kcp: &Client,
-    namespace: &str,
-) -> (CatalogStores, impl Stream<Item = ()> + Send + 'static) {
+pub fn watch_catalog(kcp: &Client, namespace: &str) -> (CatalogStores, impl Stream<Item = ()> + Send + 'static) {
     let strip = |o: &mut DynamicObject| o.metadata.managed_fields = None;
     let mt_ar = ApiResource::erase::<ModuleTemplate>(&());
     let mrm_ar = ApiResource::erase::<ModuleReleaseMeta>(&());
@@ -97,48 +88,36 @@ pub fn watch_catalog(
     let mt_store = mt_writer.as_reader();
     let mrm_writer = reflector::store::Writer::new(mrm_ar.clone());
     let mrm_store = mrm_writer.as_reader();
-    let mts = watcher(
-        Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mt_ar),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(strip)
-    .reflect(mt_writer)
-    .map(|_| ());
-    let mrms = watcher(
-        Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mrm_ar),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(strip)
-    .reflect(mrm_writer)
-    .map(|_| ());
-    let (crd_store, crd_writer) = reflector::store();
+    let mts =
+        watcher(Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mt_ar), watcher::Config::default())
+            .default_backoff()
+            .modify(strip)
+            .reflect(mt_writer)
+            .map(|_| ());
+    let mrms =
+        watcher(Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mrm_ar), watcher::Config::default())
+            .default_backoff()
+            .modify(strip)
+            .reflect(mrm_writer)
+            .map(|_| ());
     let crd_api: Api<CustomResourceDefinition> = Api::all(kcp.clone());
+    let mut crd_stores = Vec::new();
     let crd_streams = skr_crd_names().map(|name| {
-        watcher(
-            crd_api.clone(),
-            watcher::Config::default().fields(&format!("metadata.name={name}")),
-        )
-        .default_backoff()
-        .modify(|c: &mut CustomResourceDefinition| {
-            c.metadata.managed_fields = None;
-            c.status = None;
-        })
-        .boxed()
+        let (store, writer) = reflector::store();
+        crd_stores.push(store);
+        watcher(crd_api.clone(), watcher::Config::default().fields(&format!("metadata.name={name}")))
+            .default_backoff()
+            .modify(|c: &mut CustomResourceDefinition| {
+                c.metadata.managed_fields = None;
+                c.status = None;
+            })
+            .reflect(writer)
+            .map(|_| ())
+            .boxed()
     });
-    let crds = stream::select_all(crd_streams)
-        .reflect(crd_writer)
-        .map(|_| ());
+    let crds = stream::select_all(crd_streams);
     let changes = stream::select(stream::select(mts, mrms), crds);
-    (
-        CatalogStores {
-            templates: mt_store,
-            release_metas: mrm_store,
-            crds: crd_store,
-        },
-        changes,
-    )
+    (CatalogStores { templates: mt_store, release_metas: mrm_store, crds: crd_stores }, changes)
 }
 
 /// Rebuilds the catalog state after each settled burst of changes, publishes it, and sends
@@ -186,17 +165,11 @@ pub async fn run_catalog_loop(
 fn record_catalog(ctx: &Context, state: &CatalogState) {
     let m = &ctx.metrics.catalog;
     let snap = &state.snapshot;
-    m.objects
-        .with_label_values(&[CatalogKind::ModuleTemplate.as_str()])
-        .set(snap.templates.len() as i64);
-    m.objects
-        .with_label_values(&[CatalogKind::ModuleReleaseMeta.as_str()])
-        .set(snap.release_metas.len() as i64);
+    m.objects.with_label_values(&[CatalogKind::ModuleTemplate.as_str()]).set(snap.templates.len() as i64);
+    m.objects.with_label_values(&[CatalogKind::ModuleReleaseMeta.as_str()]).set(snap.release_metas.len() as i64);
     for kind in CatalogKind::ALL {
         let n = snap.malformed.iter().filter(|b| b.kind == kind).count();
-        m.malformed
-            .with_label_values(&[kind.as_str()])
-            .set(n as i64);
+        m.malformed.with_label_values(&[kind.as_str()]).set(n as i64);
     }
     for bad in &snap.malformed {
         warn!(kind = bad.kind.as_str(), name = %bad.name, reason = %bad.reason, "Skipping malformed catalog object");
@@ -208,10 +181,7 @@ fn record_catalog(ctx: &Context, state: &CatalogState) {
             Warning::SelectorOnUnrestrictedModule { release_meta } => {
                 warn!(%release_meta, "Skipping ModuleReleaseMeta: it has a kymaSelector but its module is not restricted");
             }
-            Warning::InvalidSelector {
-                release_meta,
-                reason,
-            } => {
+            Warning::InvalidSelector { release_meta, reason } => {
                 warn!(%release_meta, %reason, "Skipping ModuleReleaseMeta: its kymaSelector does not parse");
             }
         }
@@ -231,19 +201,12 @@ async fn requeue_affected(
         if !ctx.shards.owns(&namespace, &name) {
             continue;
         }
-        let (desired, _) = desired_set(
-            &state.snapshot,
-            kyma.labels(),
-            &ctx.settings.restricted_modules,
-        );
+        let (desired, _) = desired_set(&state.snapshot, kyma.labels(), &ctx.settings.restricted_modules);
         if ctx.book.synced_fingerprint(&name) == Some(sync_fingerprint(&desired, state)) {
             continue;
         }
         let depth = ctx.book.mark_pending(&name);
-        ctx.metrics
-            .sync
-            .queue_depth
-            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+        ctx.metrics.sync.queue_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
         if requeue.send(ObjectRef::from_obj(&*kyma)).await.is_err() {
             return n;
         }

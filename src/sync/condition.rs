@@ -24,12 +24,7 @@ pub struct Wanted {
 
 /// The current `ModuleCatalog` condition of a Kyma, if any.
 pub fn current(kyma: &Kyma) -> Option<&Condition> {
-    kyma.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == MODULE_CATALOG_CONDITION)
+    kyma.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == MODULE_CATALOG_CONDITION)
 }
 
 /// Whether `current` already says what `wanted` says (no write needed).
@@ -44,12 +39,7 @@ pub fn is_current(current: Option<&Condition>, wanted: &Wanted) -> bool {
 
 /// The status apply body for `wanted`. `lastTransitionTime` moves only when the status
 /// changes.
-pub fn apply_body(
-    kyma: &Kyma,
-    current: Option<&Condition>,
-    wanted: &Wanted,
-    now: Timestamp,
-) -> Value {
+pub fn apply_body(kyma: &Kyma, current: Option<&Condition>, wanted: &Wanted, now: Timestamp) -> Value {
     let transition = match current {
         Some(c) if c.status == wanted.status => c.last_transition_time.clone(),
         _ => Time(now),
@@ -96,41 +86,23 @@ mod tests {
         let now = Timestamp::from_second(2_000).expect("valid");
         let kyma = kyma_with("False", "SkrUnreachable", "down", then);
         let cur = current(&kyma);
-        let still_false = Wanted {
-            status: "False",
-            reason: "ApplyFailed",
-            message: "x".into(),
-            observed_generation: Some(1),
-        };
+        let still_false =
+            Wanted { status: "False", reason: "ApplyFailed", message: "x".into(), observed_generation: Some(1) };
         assert!(!is_current(cur, &still_false));
         let body = apply_body(&kyma, cur, &still_false, now);
-        assert_eq!(
-            body["status"]["conditions"][0]["lastTransitionTime"],
-            json!(Time(then))
-        );
-        let now_true = Wanted {
-            status: "True",
-            reason: REASON_SYNCED,
-            message: "ok".into(),
-            observed_generation: Some(1),
-        };
+        assert_eq!(body["status"]["conditions"][0]["lastTransitionTime"], json!(Time(then)));
+        let now_true =
+            Wanted { status: "True", reason: REASON_SYNCED, message: "ok".into(), observed_generation: Some(1) };
         let body = apply_body(&kyma, cur, &now_true, now);
-        assert_eq!(
-            body["status"]["conditions"][0]["lastTransitionTime"],
-            json!(Time(now))
-        );
+        assert_eq!(body["status"]["conditions"][0]["lastTransitionTime"], json!(Time(now)));
     }
 
     #[test]
     fn unchanged_condition_needs_no_write() {
         let at = Timestamp::from_second(1_000).expect("valid");
         let kyma = kyma_with("True", REASON_SYNCED, "ok", at);
-        let wanted = Wanted {
-            status: "True",
-            reason: REASON_SYNCED,
-            message: "ok".into(),
-            observed_generation: Some(1),
-        };
+        let wanted =
+            Wanted { status: "True", reason: REASON_SYNCED, message: "ok".into(), observed_generation: Some(1) };
         assert!(is_current(current(&kyma), &wanted));
     }
 }

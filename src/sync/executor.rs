@@ -14,9 +14,7 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, Pat
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::api::{
-    MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER,
-};
+use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
 use crate::catalog::render::is_subset;
 use crate::catalog::{CatalogKind, DesiredSet, Observed, Plan, plan};
 use crate::error::{Error, Result};
@@ -48,19 +46,10 @@ impl SkrCrds {
 
     /// Builds the set from the KCP CRDs found for each wanted name.
     pub fn from_kcp(found: BTreeMap<String, Option<CustomResourceDefinition>>) -> Self {
-        let bodies: BTreeMap<String, Option<Arc<Value>>> = found
-            .into_iter()
-            .map(|(name, crd)| (name, crd.map(|c| Arc::new(Self::render(&c)))))
-            .collect();
-        let all: serde_json::Map<String, Value> = bodies
-            .iter()
-            .map(|(name, body)| {
-                (
-                    name.clone(),
-                    body.as_deref().cloned().unwrap_or(Value::Null),
-                )
-            })
-            .collect();
+        let bodies: BTreeMap<String, Option<Arc<Value>>> =
+            found.into_iter().map(|(name, crd)| (name, crd.map(|c| Arc::new(Self::render(&c))))).collect();
+        let all: serde_json::Map<String, Value> =
+            bodies.iter().map(|(name, body)| (name.clone(), body.as_deref().cloned().unwrap_or(Value::Null))).collect();
         let hash = crate::catalog::content_hash(&Value::Object(all));
         Self { bodies, hash }
     }
@@ -69,10 +58,7 @@ impl SkrCrds {
 /// The names of the CRDs an SKR needs.
 pub fn skr_crd_names() -> [String; 2] {
     use kube::CustomResourceExt;
-    [
-        ModuleTemplate::crd_name().to_owned(),
-        ModuleReleaseMeta::crd_name().to_owned(),
-    ]
+    [ModuleTemplate::crd_name().to_owned(), ModuleReleaseMeta::crd_name().to_owned()]
 }
 
 /// Counts of one sync.
@@ -91,9 +77,7 @@ pub struct SyncReport {
 impl SyncReport {
     /// Total writes made.
     pub fn writes(&self) -> usize {
-        self.applied.values().sum::<usize>()
-            + self.pruned.values().sum::<usize>()
-            + self.setup_writes
+        self.applied.values().sum::<usize>() + self.pruned.values().sum::<usize>() + self.setup_writes
     }
 }
 
@@ -129,11 +113,7 @@ fn is_not_found(err: &kube::Error) -> bool {
 
 impl SkrTarget<'_> {
     fn check_ownership(&self) -> Result<()> {
-        if (self.may_write)() {
-            Ok(())
-        } else {
-            Err(Error::OwnershipLost)
-        }
+        if (self.may_write)() { Ok(()) } else { Err(Error::OwnershipLost) }
     }
 
     /// Syncs `desired` to the SKR, updating `state`. On error the state is left cold, so the
@@ -141,12 +121,7 @@ impl SkrTarget<'_> {
     ///
     /// # Errors
     /// The first failed operation; other objects were still attempted.
-    pub async fn sync(
-        &self,
-        desired: &DesiredSet,
-        crds: &SkrCrds,
-        state: &mut SkrState,
-    ) -> Result<SyncReport> {
+    pub async fn sync(&self, desired: &DesiredSet, crds: &SkrCrds, state: &mut SkrState) -> Result<SyncReport> {
         let result = self.sync_inner(desired, crds, state).await;
         state.warm = result.is_ok();
         if result.is_err() {
@@ -155,12 +130,7 @@ impl SkrTarget<'_> {
         result
     }
 
-    async fn sync_inner(
-        &self,
-        desired: &DesiredSet,
-        crds: &SkrCrds,
-        state: &mut SkrState,
-    ) -> Result<SyncReport> {
+    async fn sync_inner(&self, desired: &DesiredSet, crds: &SkrCrds, state: &mut SkrState) -> Result<SyncReport> {
         let mut report = SyncReport::default();
         if !state.warm {
             report.setup_writes += self.ensure_namespace().await?;
@@ -174,8 +144,7 @@ impl SkrTarget<'_> {
             let memory = state.memory.entry(kind).or_default();
             let observed = match self.list(kind, !state.warm).await {
                 Ok(o) => o,
-                Err(err) if matches!(&err, Error::ListSkrObjects { source, .. } if is_not_found(source)) =>
-                {
+                Err(err) if matches!(&err, Error::ListSkrObjects { source, .. } if is_not_found(source)) => {
                     // The CRD vanished since we last looked (an SKR admin deleted it).
                     report.setup_writes += self.ensure_crds(crds).await?;
                     self.list(kind, true).await?
@@ -206,27 +175,20 @@ impl SkrTarget<'_> {
         }
         *report.unchanged.entry(kind).or_default() += plan.unchanged.len();
 
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), self.namespace, &api_resource(kind));
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.namespace, &api_resource(kind));
         let results: Vec<Result<(String, String, u64)>> = stream::iter(plan.apply.clone())
             .map(|obj: crate::catalog::DesiredObject| {
                 let api = api.clone();
                 async move {
                     self.check_ownership()?;
-                    let res = api
-                        .patch(&obj.name, &apply_params(), &Patch::Apply(&*obj.payload))
-                        .await;
+                    let res = api.patch(&obj.name, &apply_params(), &Patch::Apply(&*obj.payload)).await;
                     self.metrics.record("apply", &res);
                     let applied = res.map_err(|source| Error::ApplySkrObject {
                         kind,
                         name: obj.name.clone(),
-                        source,
+                        source: Box::new(source),
                     })?;
-                    Ok((
-                        obj.name.clone(),
-                        applied.resource_version().unwrap_or_default(),
-                        obj.hash,
-                    ))
+                    Ok((obj.name.clone(), applied.resource_version().unwrap_or_default(), obj.hash))
                 }
             })
             .buffer_unordered(self.concurrency)
@@ -259,7 +221,7 @@ impl SkrTarget<'_> {
                     match res {
                         Ok(_) => Ok(name),
                         Err(e) if is_not_found(&e) => Ok(name),
-                        Err(source) => Err(Error::PruneSkrObject { kind, name, source }),
+                        Err(source) => Err(Error::PruneSkrObject { kind, name, source: Box::new(source) }),
                     }
                 }
             })
@@ -274,10 +236,9 @@ impl SkrTarget<'_> {
     }
 
     async fn list(&self, kind: CatalogKind, full: bool) -> Result<Vec<Observed>> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), self.namespace, &api_resource(kind));
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.namespace, &api_resource(kind));
         let lp = ListParams::default();
-        let wrap = |source| Error::ListSkrObjects { kind, source };
+        let wrap = |source| Error::ListSkrObjects { kind, source: Box::new(source) };
         if full {
             let res = api.list(&lp).await;
             self.metrics.record("list", &res);
@@ -312,10 +273,8 @@ impl SkrTarget<'_> {
     /// Creates the sync namespace when missing. Returns the number of writes (0 or 1).
     async fn ensure_namespace(&self) -> Result<usize> {
         let api: Api<Namespace> = Api::all(self.client.clone());
-        let wrap = |source| Error::EnsureSkrNamespace {
-            namespace: self.namespace.to_owned(),
-            source,
-        };
+        let wrap =
+            |source| Error::EnsureSkrNamespace { namespace: self.namespace.to_owned(), source: Box::new(source) };
         let res = api.get_metadata_opt(self.namespace).await;
         self.metrics.record("get", &res);
         if res.map_err(wrap)?.is_some() {
@@ -327,9 +286,7 @@ impl SkrTarget<'_> {
             "kind": "Namespace",
             "metadata": {"name": self.namespace, "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE}},
         });
-        let res = api
-            .patch(self.namespace, &apply_params(), &Patch::Apply(&body))
-            .await;
+        let res = api.patch(self.namespace, &apply_params(), &Patch::Apply(&body)).await;
         self.metrics.record("apply", &res);
         res.map_err(wrap)?;
         Ok(1)
@@ -341,13 +298,8 @@ impl SkrTarget<'_> {
         let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
         let mut writes = 0;
         for (name, body) in &crds.bodies {
-            let body = body
-                .as_ref()
-                .ok_or_else(|| Error::KcpCrdMissing { name: name.clone() })?;
-            let wrap = |source| Error::EnsureSkrCrd {
-                name: name.clone(),
-                source,
-            };
+            let body = body.as_ref().ok_or_else(|| Error::KcpCrdMissing { name: name.clone() })?;
+            let wrap = |source| Error::EnsureSkrCrd { name: name.clone(), source: Box::new(source) };
             let res = api.get_opt(name).await;
             self.metrics.record("get", &res);
             let current = res.map_err(wrap)?;
@@ -360,9 +312,7 @@ impl SkrTarget<'_> {
                 continue;
             }
             self.check_ownership()?;
-            let res = api
-                .patch(name, &apply_params(), &Patch::Apply(&**body))
-                .await;
+            let res = api.patch(name, &apply_params(), &Patch::Apply(&**body)).await;
             self.metrics.record("apply", &res);
             res.map_err(wrap)?;
             writes += 1;
@@ -372,11 +322,7 @@ impl SkrTarget<'_> {
     }
 
     /// Waits (bounded) until a freshly written CRD is served.
-    async fn await_established(
-        &self,
-        api: &Api<CustomResourceDefinition>,
-        name: &str,
-    ) -> Result<()> {
+    async fn await_established(&self, api: &Api<CustomResourceDefinition>, name: &str) -> Result<()> {
         const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(10);
         let cond = kube::runtime::conditions::is_crd_established();
         let wait = kube::runtime::wait::await_condition(api.clone(), name, cond);
@@ -388,11 +334,6 @@ impl SkrTarget<'_> {
     }
 }
 
-fn is_managed(
-    fields: Option<&[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry]>,
-) -> bool {
-    fields
-        .into_iter()
-        .flatten()
-        .any(|f| f.manager.as_deref() == Some(SKR_FIELD_MANAGER))
+fn is_managed(fields: Option<&[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry]>) -> bool {
+    fields.into_iter().flatten().any(|f| f.manager.as_deref() == Some(SKR_FIELD_MANAGER))
 }

@@ -17,9 +17,7 @@ use rand::Rng;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::api::{
-    KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, SKIP_RECONCILIATION_LABEL, is_flag_on,
-};
+use crate::api::{KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, SKIP_RECONCILIATION_LABEL, is_flag_on};
 use crate::catalog::{CatalogKind, desired_set};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -148,10 +146,7 @@ pub fn trim(kyma: &mut Kyma) {
     kyma.metadata.annotations = None;
     kyma.spec = Default::default();
     let condition = condition::current(kyma).cloned();
-    kyma.status = Some(crate::api::KymaStatus {
-        conditions: condition.map(|c| vec![c]),
-        ..Default::default()
-    });
+    kyma.status = Some(crate::api::KymaStatus { conditions: condition.map(|c| vec![c]), ..Default::default() });
 }
 
 /// What of a Kyma should trigger a reconcile: labels (beta, internal, skip, selectors),
@@ -186,16 +181,8 @@ pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
 
     let timer = ctx.metrics.sync.measure();
     let catalog = Arc::clone(&ctx.catalog.borrow());
-    let (desired, _) = desired_set(
-        &catalog.snapshot,
-        kyma.labels(),
-        &ctx.settings.restricted_modules,
-    );
-    let result = match tokio::time::timeout(
-        ctx.settings.sync_timeout,
-        sync_skr(&kyma, &desired, &catalog, &ctx),
-    )
-    .await
+    let (desired, _) = desired_set(&catalog.snapshot, kyma.labels(), &ctx.settings.restricted_modules);
+    let result = match tokio::time::timeout(ctx.settings.sync_timeout, sync_skr(&kyma, &desired, &catalog, &ctx)).await
     {
         Ok(r) => r,
         Err(_) => Err(Error::SyncTimeout(ctx.settings.sync_timeout)),
@@ -206,11 +193,7 @@ pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
         Ok(report) => {
             record_report(&ctx.metrics, &report);
             ctx.metrics.sync.runs.with_label_values(&["success"]).inc();
-            set_depth(
-                &ctx,
-                ctx.book
-                    .finish(&name, Some(sync_fingerprint(&desired, &catalog))),
-            );
+            set_depth(&ctx, ctx.book.finish(&name, Some(sync_fingerprint(&desired, &catalog))));
             if report.writes() > 0 {
                 info!(applied = ?report.applied, pruned = ?report.pruned, setup_writes = report.setup_writes, "Synced catalog");
             } else {
@@ -223,10 +206,7 @@ pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
                 observed_generation: kyma.metadata.generation,
             };
             write_condition(&kyma, &wanted, &ctx).await?;
-            Ok(Action::requeue(jittered(
-                ctx.settings.resync_period,
-                ctx.settings.resync_jitter,
-            )))
+            Ok(Action::requeue(jittered(ctx.settings.resync_period, ctx.settings.resync_jitter)))
         }
         Err(Error::OwnershipLost) => {
             set_depth(&ctx, ctx.book.forget(&name));
@@ -235,20 +215,12 @@ pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
         }
         Err(err) => {
             ctx.metrics.sync.runs.with_label_values(&["error"]).inc();
-            ctx.metrics
-                .sync
-                .errors
-                .with_label_values(&[err.reason()])
-                .inc();
+            ctx.metrics.sync.errors.with_label_values(&[err.reason()]).inc();
             set_depth(&ctx, ctx.book.finish(&name, None));
             if err.evicts_client() {
                 ctx.pool.evict(&name, "error");
             }
-            warn!(
-                reason = err.reason(),
-                error = &err as &dyn std::error::Error,
-                "Failed to sync catalog"
-            );
+            warn!(reason = err.reason(), error = &err as &dyn std::error::Error, "Failed to sync catalog");
             let wanted = Wanted {
                 status: "False",
                 reason: err.reason(),
@@ -267,11 +239,7 @@ pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
 /// Backoff after a failed reconcile: exponential per Kyma, with jitter, capped.
 pub fn error_policy(kyma: Arc<Kyma>, _err: &Error, ctx: Arc<Context>) -> Action {
     let failures = ctx.book.record_failure(&kyma.name_any());
-    Action::requeue(backoff(
-        failures,
-        ctx.settings.backoff_min,
-        ctx.settings.backoff_max,
-    ))
+    Action::requeue(backoff(failures, ctx.settings.backoff_min, ctx.settings.backoff_max))
 }
 
 /// The delay after `failures` failures in a row: `min * 2^(failures-1)`, capped at `max`,
@@ -287,26 +255,15 @@ fn jittered(period: Duration, jitter: f64) -> Duration {
 }
 
 fn set_depth(ctx: &Context, depth: usize) {
-    ctx.metrics
-        .sync
-        .queue_depth
-        .set(i64::try_from(depth).unwrap_or(i64::MAX));
+    ctx.metrics.sync.queue_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
 }
 
 fn record_report(metrics: &Metrics, report: &SyncReport) {
     for kind in CatalogKind::ALL {
-        for (op, map) in [
-            ("applied", &report.applied),
-            ("unchanged", &report.unchanged),
-            ("pruned", &report.pruned),
-        ] {
+        for (op, map) in [("applied", &report.applied), ("unchanged", &report.unchanged), ("pruned", &report.pruned)] {
             let n = map.get(&kind).copied().unwrap_or(0);
             if n > 0 {
-                metrics
-                    .sync
-                    .objects
-                    .with_label_values(&[kind.as_str(), op])
-                    .inc_by(n as u64);
+                metrics.sync.objects.with_label_values(&[kind.as_str(), op]).inc_by(n as u64);
             }
         }
     }
@@ -322,8 +279,7 @@ async fn sync_skr(
     let namespace = kyma.namespace().unwrap_or_default();
     let entry = {
         let secrets = ctx.secrets.state();
-        let secret =
-            find_access_secret(secrets.iter().map(AsRef::as_ref), &name, &namespace)?.clone();
+        let secret = find_access_secret(secrets.iter().map(AsRef::as_ref), &name, &namespace)?.clone();
         ctx.pool.get(&name, &secret).await?
     };
     let mut state = entry.state.lock().await;
@@ -347,18 +303,10 @@ async fn write_condition(kyma: &Kyma, wanted: &Wanted, ctx: &Context) -> Result<
     }
     let body = condition::apply_body(kyma, current, wanted, Timestamp::now());
     let api: Api<Kyma> = Api::namespaced(ctx.kcp.clone(), &kyma.namespace().unwrap_or_default());
-    api.patch_status(
-        &kyma.name_any(),
-        &PatchParams::apply(KCP_FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .map_err(Error::WriteCondition)?;
-    ctx.metrics
-        .sync
-        .condition_writes
-        .with_label_values(&[wanted.status])
-        .inc();
+    api.patch_status(&kyma.name_any(), &PatchParams::apply(KCP_FIELD_MANAGER).force(), &Patch::Apply(&body))
+        .await
+        .map_err(|e| Error::WriteCondition(Box::new(e)))?;
+    ctx.metrics.sync.condition_writes.with_label_values(&[wanted.status]).inc();
     info!(
         condition = MODULE_CATALOG_CONDITION,
         status = wanted.status,
@@ -377,10 +325,7 @@ async fn publish_event(kyma: &Kyma, wanted: &Wanted, ctx: &Context) {
         secondary: None,
     };
     if let Err(error) = ctx.recorder.publish(&event, &kyma.object_ref(&())).await {
-        warn!(
-            error = &error as &dyn std::error::Error,
-            "Failed to publish event"
-        );
+        warn!(error = &error as &dyn std::error::Error, "Failed to publish event");
     }
 }
 
@@ -394,10 +339,7 @@ mod tests {
         let max = Duration::from_secs(300);
         for _ in 0..100 {
             let first = backoff(1, min, max);
-            assert!(
-                first >= Duration::from_millis(2500) && first <= min,
-                "{first:?}"
-            );
+            assert!(first >= Duration::from_millis(2500) && first <= min, "{first:?}");
             let late = backoff(30, min, max);
             assert!(late >= Duration::from_secs(150) && late <= max, "{late:?}");
         }
@@ -410,10 +352,7 @@ mod tests {
         k.metadata.labels = Some([("a".to_owned(), "b".to_owned())].into());
         k.metadata.annotations = Some([("big".to_owned(), "x".repeat(1000))].into());
         k.spec.channel = Some("regular".into());
-        k.status = Some(crate::api::KymaStatus {
-            state: Some("Ready".into()),
-            ..Default::default()
-        });
+        k.status = Some(crate::api::KymaStatus { state: Some("Ready".into()), ..Default::default() });
         trim(&mut k);
         assert!(k.metadata.annotations.is_none());
         assert_eq!(k.spec, Default::default());
@@ -425,13 +364,10 @@ mod tests {
     fn skip_rules() {
         let mut k = Kyma::new("k", Default::default());
         assert_eq!(skip_reason(&k), None);
-        k.metadata.labels =
-            Some([(SKIP_RECONCILIATION_LABEL.to_owned(), "TRUE".to_owned())].into());
+        k.metadata.labels = Some([(SKIP_RECONCILIATION_LABEL.to_owned(), "TRUE".to_owned())].into());
         assert_eq!(skip_reason(&k), Some("skip_reconciliation"));
         k.metadata.labels = None;
-        k.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            Timestamp::now(),
-        ));
+        k.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
         assert_eq!(skip_reason(&k), Some("deleting"));
     }
 }

@@ -1,0 +1,336 @@
+//! Plans (spec section 3: apply what is missing or differs, prune only managed orphans, write
+//! nothing that is already there), plus the snapshot and render behaviour plans rely on.
+
+use serde_json::json;
+
+use super::*;
+use crate::api::{LAST_APPLIED_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::catalog::render::render_copy;
+use crate::catalog::snapshot::Malformed;
+use crate::catalog::{CatalogKind, content_hash};
+use crate::fixtures::{
+    MrmBuilder, MtBuilder, SYNC_NAMESPACE, klm_data, klm_descriptor, klm_module_template, raw_object, snapshot,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// The desired ModuleTemplate for `<module>-<version>`, as the desired set would hold it.
+fn desired_mt(module: &str, version: &str) -> DesiredObject {
+    let snap = snapshot(&[MtBuilder::new(module, version).build()], &[]);
+    let view = snap.templates.values().next().expect("one template");
+    DesiredObject { name: view.name.clone(), payload: Arc::clone(&view.payload), hash: view.hash }
+}
+
+fn desired_of<'a>(objects: impl IntoIterator<Item = &'a DesiredObject>) -> BTreeMap<String, DesiredObject> {
+    objects.into_iter().map(|o| (o.name.clone(), o.clone())).collect()
+}
+
+/// What a full (cold) list returns for a copy of `want`: the body plus what the SKR's
+/// apiserver adds.
+fn listed_copy(want: &DesiredObject, rv: &str, managed: bool) -> Observed {
+    let mut content = (*want.payload).clone();
+    content["metadata"]["resourceVersion"] = json!(rv);
+    content["metadata"]["uid"] = json!("9d8c7b6a-skr");
+    content["metadata"]["generation"] = json!(1);
+    content["metadata"]["creationTimestamp"] = json!("2025-06-03T10:00:00Z");
+    if managed {
+        content["metadata"]["managedFields"] = json!([{"manager": "catalog-sync", "operation": "Apply"}]);
+    }
+    Observed { name: want.name.clone(), resource_version: rv.to_owned(), managed, content: Some(Arc::new(content)) }
+}
+
+/// What a metadata-only (warm) list returns.
+fn listed_meta(name: &str, rv: &str, managed: bool) -> Observed {
+    Observed { name: name.to_owned(), resource_version: rv.to_owned(), managed, content: None }
+}
+
+fn remember(entries: &[(&str, &str, u64)]) -> KindMemory {
+    entries.iter().map(|(name, rv, hash)| ((*name).to_owned(), ((*rv).to_owned(), *hash))).collect()
+}
+
+fn applied(plan: &Plan) -> Vec<&str> {
+    plan.apply.iter().map(|o| o.name.as_str()).collect()
+}
+
+fn unchanged(plan: &Plan) -> Vec<&str> {
+    plan.unchanged.iter().map(|(name, _, _)| name.as_str()).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Apply
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn plan_applies_missing_objects() {
+    let keda = desired_mt("keda", "1.0.0");
+    let serverless = desired_mt("serverless", "1.1.0");
+    let plan = plan(&desired_of([&keda, &serverless]), &[], &KindMemory::new());
+    assert_eq!(plan.apply, vec![keda, serverless]);
+    assert_eq!(plan.prune, Vec::<String>::new());
+    assert_eq!(plan.unchanged, vec![]);
+    assert!(!plan.is_noop());
+}
+
+#[test]
+fn plan_of_nothing_against_nothing_is_a_noop() {
+    let plan = plan(&BTreeMap::new(), &[], &KindMemory::new());
+    assert_eq!(plan, Plan::default());
+    assert!(plan.is_noop());
+}
+
+#[test]
+fn cold_copy_that_matches_is_unchanged() {
+    let keda = desired_mt("keda", "1.0.0");
+    let mut observed = listed_copy(&keda, "17", true);
+    // Labels or annotations others add are not drift.
+    Arc::make_mut(observed.content.as_mut().expect("listed in full"))["metadata"]["labels"]["team"] = json!("x");
+    let plan = plan(&desired_of([&keda]), &[observed], &KindMemory::new());
+    assert_eq!(plan.apply, vec![]);
+    assert_eq!(plan.prune, Vec::<String>::new());
+    assert_eq!(plan.unchanged, vec![("keda-1.0.0".to_owned(), "17".to_owned(), keda.hash)]);
+    assert!(plan.is_noop());
+}
+
+#[test]
+fn cold_copy_that_matches_is_unchanged_even_if_memory_is_stale() {
+    let keda = desired_mt("keda", "1.0.0");
+    let memory = remember(&[("keda-1.0.0", "3", keda.hash ^ 1)]);
+    let plan = plan(&desired_of([&keda]), &[listed_copy(&keda, "17", true)], &memory);
+    assert_eq!(plan.unchanged, vec![("keda-1.0.0".to_owned(), "17".to_owned(), keda.hash)]);
+    assert!(plan.is_noop());
+}
+
+#[test]
+fn cold_copy_whose_spec_differs_is_applied() {
+    let keda = desired_mt("keda", "1.0.0");
+    let mut observed = listed_copy(&keda, "17", true);
+    Arc::make_mut(observed.content.as_mut().expect("listed in full"))["spec"]["descriptor"]["edited"] = json!(true);
+    let plan = plan(&desired_of([&keda]), &[observed], &KindMemory::new());
+    assert_eq!(plan.apply, vec![keda]);
+    assert_eq!(plan.prune, Vec::<String>::new());
+    assert_eq!(plan.unchanged, vec![]);
+}
+
+#[test]
+fn cold_copy_missing_a_desired_label_is_applied() {
+    let keda = desired_mt("keda", "1.0.0");
+    let mut observed = listed_copy(&keda, "17", true);
+    let content = Arc::make_mut(observed.content.as_mut().expect("listed in full"));
+    content["metadata"]["labels"].as_object_mut().expect("labels").remove(MANAGED_BY_LABEL);
+    let plan = plan(&desired_of([&keda]), &[observed], &KindMemory::new());
+    assert_eq!(applied(&plan), ["keda-1.0.0"]);
+    assert_eq!(plan.unchanged, vec![]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warm: remembered resourceVersion and hash
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn warm_copy_with_remembered_rv_and_hash_is_unchanged() {
+    let keda = desired_mt("keda", "1.0.0");
+    let memory = remember(&[("keda-1.0.0", "17", keda.hash)]);
+    let plan = plan(&desired_of([&keda]), &[listed_meta("keda-1.0.0", "17", true)], &memory);
+    assert_eq!(plan.apply, vec![]);
+    assert_eq!(plan.prune, Vec::<String>::new());
+    assert_eq!(plan.unchanged, vec![("keda-1.0.0".to_owned(), "17".to_owned(), keda.hash)]);
+}
+
+#[test]
+fn warm_copy_whose_rv_changed_is_applied() {
+    let keda = desired_mt("keda", "1.0.0");
+    let memory = remember(&[("keda-1.0.0", "17", keda.hash)]);
+    let plan = plan(&desired_of([&keda]), &[listed_meta("keda-1.0.0", "18", true)], &memory);
+    assert_eq!(plan.apply, vec![keda]);
+    assert_eq!(plan.unchanged, vec![]);
+    assert_eq!(plan.prune, Vec::<String>::new());
+}
+
+#[test]
+fn warm_copy_whose_desired_hash_changed_is_applied() {
+    let keda = desired_mt("keda", "1.0.0");
+    let memory = remember(&[("keda-1.0.0", "17", keda.hash.wrapping_add(1))]);
+    let plan = plan(&desired_of([&keda]), &[listed_meta("keda-1.0.0", "17", true)], &memory);
+    assert_eq!(plan.apply, vec![keda]);
+    assert_eq!(plan.unchanged, vec![]);
+}
+
+#[test]
+fn warm_copy_without_memory_is_applied() {
+    let keda = desired_mt("keda", "1.0.0");
+    let plan = plan(&desired_of([&keda]), &[listed_meta("keda-1.0.0", "17", true)], &KindMemory::new());
+    assert_eq!(plan.apply, vec![keda]);
+    assert_eq!(plan.unchanged, vec![]);
+}
+
+#[test]
+fn memory_of_another_object_does_not_vouch_for_this_one() {
+    let keda = desired_mt("keda", "1.0.0");
+    let memory = remember(&[("serverless-1.0.0", "17", keda.hash)]);
+    let plan = plan(&desired_of([&keda]), &[listed_meta("keda-1.0.0", "17", true)], &memory);
+    assert_eq!(applied(&plan), ["keda-1.0.0"]);
+}
+
+#[test]
+fn steady_state_makes_no_write() {
+    let objects = [desired_mt("keda", "1.0.0"), desired_mt("keda", "1.1.0"), desired_mt("serverless", "2.0.0")];
+    let memory = remember(&[
+        ("keda-1.0.0", "10", objects[0].hash),
+        ("keda-1.1.0", "11", objects[1].hash),
+        ("serverless-2.0.0", "12", objects[2].hash),
+    ]);
+    let observed = [
+        listed_meta("keda-1.0.0", "10", true),
+        listed_meta("keda-1.1.0", "11", true),
+        listed_meta("serverless-2.0.0", "12", true),
+    ];
+    let plan = plan(&desired_of(&objects), &observed, &memory);
+    assert!(plan.is_noop(), "{plan:?}");
+    assert_eq!(unchanged(&plan), ["keda-1.0.0", "keda-1.1.0", "serverless-2.0.0"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prune
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn plan_prunes_only_managed_orphans() {
+    let keda = desired_mt("keda", "1.0.0");
+    let memory = remember(&[("keda-1.0.0", "1", keda.hash)]);
+    let observed = [
+        listed_meta("keda-1.0.0", "1", true),
+        listed_meta("keda-0.9.0", "2", true),
+        listed_meta("user-made", "3", false),
+        listed_meta("serverless-1.0.0", "4", true),
+    ];
+    let plan = plan(&desired_of([&keda]), &observed, &memory);
+    assert_eq!(plan.prune, ["keda-0.9.0", "serverless-1.0.0"]);
+    assert_eq!(plan.apply, vec![]);
+    assert_eq!(unchanged(&plan), ["keda-1.0.0"]);
+}
+
+#[test]
+fn plan_never_prunes_unmanaged_objects() {
+    let observed = [listed_meta("user-made", "3", false), listed_copy(&desired_mt("keda", "0.1.0"), "4", false)];
+    for desired in [BTreeMap::new(), desired_of([&desired_mt("keda", "1.0.0")])] {
+        let plan = plan(&desired, &observed, &KindMemory::new());
+        assert_eq!(plan.prune, Vec::<String>::new());
+        assert!(plan.unchanged.is_empty());
+    }
+}
+
+#[test]
+fn empty_desired_set_prunes_every_managed_object() {
+    let observed = [
+        listed_meta("keda-1.0.0", "1", true),
+        listed_copy(&desired_mt("serverless", "1.0.0"), "2", true),
+        listed_meta("user-made", "3", false),
+    ];
+    let memory = remember(&[("keda-1.0.0", "1", 42)]);
+    let plan = plan(&BTreeMap::new(), &observed, &memory);
+    assert_eq!(plan.prune, ["keda-1.0.0", "serverless-1.0.0"]);
+    assert_eq!(plan.apply, vec![]);
+    assert_eq!(plan.unchanged, vec![]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adoption
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn unmanaged_copy_with_identical_content_is_unchanged() {
+    let keda = desired_mt("keda", "1.0.0");
+    let plan = plan(&desired_of([&keda]), &[listed_copy(&keda, "5", false)], &KindMemory::new());
+    assert_eq!(plan.unchanged, vec![("keda-1.0.0".to_owned(), "5".to_owned(), keda.hash)]);
+    assert!(plan.is_noop());
+}
+
+#[test]
+fn unmanaged_copy_that_differs_is_applied_not_pruned() {
+    let keda = desired_mt("keda", "1.0.0");
+    let mut observed = listed_copy(&keda, "5", false);
+    Arc::make_mut(observed.content.as_mut().expect("listed in full"))["spec"]["version"] = json!("0.0.1");
+    let plan = plan(&desired_of([&keda]), &[observed], &KindMemory::new());
+    assert_eq!(plan.apply, vec![keda]);
+    assert_eq!(plan.prune, Vec::<String>::new());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshot and render
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn snapshot_records_malformed_objects_without_failing() {
+    let mts = [
+        MtBuilder::new("keda", "1.0.0").build(),
+        raw_object(CatalogKind::ModuleTemplate, "no-spec-1.0.0", json!({})),
+        raw_object(CatalogKind::ModuleTemplate, "null-spec-1.0.0", json!({"spec": null})),
+        MtBuilder::new("nameless", "1.0.0").without_spec_field("moduleName").build(),
+        MtBuilder::new("numeric", "1.0.0").spec_field("version", json!(1)).build(),
+    ];
+    let mrms = [
+        MrmBuilder::new("keda").channel("regular", "1.0.0").build(),
+        raw_object(CatalogKind::ModuleReleaseMeta, "no-spec", json!({"status": {}})),
+        raw_object(CatalogKind::ModuleReleaseMeta, "no-module-name", json!({"spec": {"channels": []}})),
+        MrmBuilder::new("versionless").raw_channel(json!({"channel": "regular"})).build(),
+    ];
+    let snap = snapshot(&mts, &mrms);
+    assert_eq!(snap.templates.keys().collect::<Vec<_>>(), ["keda-1.0.0"]);
+    assert_eq!(snap.release_metas.keys().collect::<Vec<_>>(), ["keda"]);
+    let got: Vec<(CatalogKind, &str)> = snap.malformed.iter().map(|m| (m.kind, m.name.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            (CatalogKind::ModuleTemplate, "no-spec-1.0.0"),
+            (CatalogKind::ModuleTemplate, "null-spec-1.0.0"),
+            (CatalogKind::ModuleTemplate, "nameless-1.0.0"),
+            (CatalogKind::ModuleTemplate, "numeric-1.0.0"),
+            (CatalogKind::ModuleReleaseMeta, "no-spec"),
+            (CatalogKind::ModuleReleaseMeta, "no-module-name"),
+            (CatalogKind::ModuleReleaseMeta, "versionless"),
+        ]
+    );
+    let reasons: Vec<&Malformed> = snap.malformed.iter().filter(|m| m.reason.is_empty()).collect();
+    assert!(reasons.is_empty(), "every malformed object says why: {reasons:?}");
+    assert_eq!(snap.malformed[0].reason, "has no spec");
+    assert!(snap.malformed[2].reason.contains("moduleName"), "{}", snap.malformed[2].reason);
+}
+
+#[test]
+fn snapshot_reads_a_template_without_version_as_empty_version() {
+    let snap = snapshot(&[MtBuilder::new("keda", "").without_spec_field("version").name("keda").build()], &[]);
+    assert!(snap.malformed.is_empty(), "{:?}", snap.malformed);
+    assert_eq!(snap.templates["keda"].version, "");
+}
+
+#[test]
+fn render_of_a_klm_template_keeps_descriptor_and_data_byte_for_byte() {
+    let kcp = klm_module_template();
+    let copy = render_copy(&kcp, CatalogKind::ModuleTemplate, SYNC_NAMESPACE);
+
+    assert_eq!(copy["spec"]["descriptor"], klm_descriptor());
+    assert_eq!(copy["spec"]["data"], klm_data());
+    assert_eq!(copy["spec"], kcp.data["spec"]);
+    let bytes = |v: &Value| serde_json::to_vec(v).expect("serialises");
+    assert_eq!(bytes(&copy["spec"]["descriptor"]), bytes(&kcp.data["spec"]["descriptor"]));
+    assert_eq!(bytes(&copy["spec"]["data"]), bytes(&kcp.data["spec"]["data"]));
+
+    let meta = copy["metadata"].as_object().expect("metadata is an object");
+    let mut keys: Vec<&str> = meta.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["annotations", "labels", "name", "namespace"]);
+    assert_eq!(meta["name"], json!("btp-operator-1.1.0"));
+    assert_eq!(meta["namespace"], json!(SYNC_NAMESPACE));
+    assert_eq!(meta["labels"][MANAGED_BY_LABEL], json!(MANAGED_BY_VALUE));
+    assert_eq!(meta["labels"]["operator.kyma-project.io/module-name"], json!("btp-operator"));
+    assert_eq!(meta["annotations"].get(LAST_APPLIED_ANNOTATION), None);
+    assert_eq!(meta["annotations"]["operator.kyma-project.io/is-cluster-scoped"], json!("false"));
+    assert_eq!(copy["apiVersion"], json!("operator.kyma-project.io/v1beta2"));
+    assert_eq!(copy["kind"], json!("ModuleTemplate"));
+
+    let view = &snapshot(&[kcp], &[]).templates["btp-operator-1.1.0"];
+    assert_eq!(*view.payload, copy);
+    assert_eq!(view.hash, content_hash(&copy));
+}

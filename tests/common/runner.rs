@@ -1,0 +1,116 @@
+//! The catalogsync binary as a child process: real signals, real exit codes, a log file.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::process::{ManagedProcess, TestDir};
+
+/// The catalogsync binary: `CARGO_BIN_EXE_catalogsync` in integration tests; otherwise
+/// (the `local-up` example) `catalogsync` next to the running executable's directory
+/// (`target/<profile>/examples/..`), falling back to `target/debug/catalogsync`.
+pub fn catalogsync_bin() -> PathBuf {
+    if let Some(bin) = option_env!("CARGO_BIN_EXE_catalogsync") {
+        return PathBuf::from(bin);
+    }
+    let sibling = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent()?.parent().map(|profile_dir| profile_dir.join("catalogsync")));
+    match sibling {
+        Some(bin) if bin.is_file() => bin,
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/debug/catalogsync"),
+    }
+}
+
+/// A running catalogsync. Killed on drop.
+pub struct Catalogsync {
+    process: ManagedProcess,
+    dir: TestDir,
+}
+
+impl Catalogsync {
+    /// Runs [`catalogsync_bin`] with `args` and `envs`, `KUBECONFIG=kubeconfig`, and its
+    /// output in `catalogsync.log` of a new test directory.
+    ///
+    /// # Errors
+    /// Fails when the directory or process cannot be created.
+    pub fn spawn(args: &[&str], envs: &[(&str, &str)], kubeconfig: &Path) -> Result<Self> {
+        Self::spawn_bin(&catalogsync_bin(), args, envs, kubeconfig, None)
+    }
+
+    /// [`Catalogsync::spawn`] with an explicit binary and parent directory. `RUST_LOG`
+    /// defaults to `info,catalogsync=debug` unless `envs` sets it.
+    ///
+    /// # Errors
+    /// Fails when the directory or process cannot be created.
+    pub fn spawn_bin(
+        bin: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        kubeconfig: &Path,
+        parent: Option<&Path>,
+    ) -> Result<Self> {
+        let dir = TestDir::new("catalogsync", parent)?;
+        let mut cmd = Command::new(bin);
+        cmd.args(args).env("KUBECONFIG", kubeconfig).env("RUST_LOG", "info,catalogsync=debug");
+        for (key, value) in envs {
+            cmd.env(key, value);
+        }
+        let process = ManagedProcess::spawn("catalogsync", cmd, &dir.path().join("catalogsync.log"))?;
+        Ok(Self { process, dir })
+    }
+
+    /// The log file (stdout and stderr).
+    pub fn log_path(&self) -> &Path {
+        self.process.log_path()
+    }
+
+    /// The whole log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The process's directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The PID.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Whether it still runs (reaps it if it has exited).
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+
+    /// Its exit status, if it has exited.
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.process.exit_status()
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for a graceful exit. Returns the exit status.
+    ///
+    /// # Errors
+    /// Fails when it did not exit in time (it is SIGKILLed then); the message carries the
+    /// tail of its log.
+    pub async fn terminate(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        match self.process.terminate(timeout).await {
+            (Some(status), true) => Ok(status),
+            _ => anyhow::bail!(
+                "catalogsync did not exit within {}s of SIGTERM (killed); log {}:\n{}",
+                timeout.as_secs_f64(),
+                self.log_path().display(),
+                self.process.log_tail(30)
+            ),
+        }
+    }
+
+    /// Sends SIGKILL and reaps it.
+    pub fn kill(&mut self) -> Option<ExitStatus> {
+        self.process.kill()
+    }
+}

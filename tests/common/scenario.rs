@@ -1,0 +1,331 @@
+//! One end-to-end scenario: its own KCP namespace (with catalogsync's Role from
+//! `deploy/rbac/` bound there), its own SKR sync namespace, Kymas with access Secrets that
+//! reach the shared SKRs under their own client identity, and a catalogsync process running
+//! under its ServiceAccount identity. Scenarios share the apiservers, not their objects, so
+//! test files may run them in parallel.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use super::controlplane::ControlPlane;
+use super::process::{TestDir, free_port};
+use super::runner::Catalogsync;
+use super::{
+    apply_docs, catalogsync_kubeconfig, create_namespace, env, install_catalogsync_crds, parse_yaml_docs, rbac_dir,
+    unique_name,
+};
+
+/// Field manager of catalog objects the tests write into the KCP.
+pub const CATALOG_AUTHOR: &str = "catalog-author";
+
+/// The two catalog kinds, by plural.
+pub const MT: &str = "moduletemplates";
+/// See [`MT`].
+pub const MRM: &str = "modulereleasemetas";
+
+/// ApiResource of a catalog kind by plural.
+pub fn catalog_resource(plural: &str) -> ApiResource {
+    match plural {
+        MT => ApiResource::erase::<catalogsync::api::ModuleTemplate>(&()),
+        MRM => ApiResource::erase::<catalogsync::api::ModuleReleaseMeta>(&()),
+        other => panic!("not a catalog kind: {other}"),
+    }
+}
+
+/// A KCP ModuleTemplate body: `<module>-<version>` with a small descriptor and data object.
+pub fn mt(module: &str, version: &str) -> Value {
+    json!({
+        "apiVersion": "operator.kyma-project.io/v1beta2",
+        "kind": "ModuleTemplate",
+        "metadata": {"name": format!("{module}-{version}"), "labels": {"operator.kyma-project.io/module-name": module}},
+        "spec": {
+            "moduleName": module,
+            "version": version,
+            "descriptor": {"component": {"name": format!("kyma-project.io/module/{module}"), "version": version}},
+            "data": {"apiVersion": "operator.kyma-project.io/v1alpha1", "kind": "Sample", "metadata": {"name": "default"}, "spec": {"x": 1}},
+        },
+    })
+}
+
+/// A KCP ModuleReleaseMeta body for `module` with `(channel, version)` entries.
+pub fn mrm(module: &str, channels: &[(&str, &str)]) -> Value {
+    let channels: Vec<Value> = channels.iter().map(|(c, v)| json!({"channel": c, "version": v})).collect();
+    json!({
+        "apiVersion": "operator.kyma-project.io/v1beta2",
+        "kind": "ModuleReleaseMeta",
+        "metadata": {"name": module},
+        "spec": {"moduleName": module, "ocmComponentName": format!("kyma-project.io/module/{module}"), "channels": channels},
+    })
+}
+
+/// Sets a label on a body.
+pub fn labelled(mut body: Value, key: &str, value: &str) -> Value {
+    body["metadata"]["labels"][key] = json!(value);
+    body
+}
+
+/// A running scenario.
+pub struct Scenario {
+    /// KCP namespace of Kymas, Secrets and catalog.
+    pub ns: String,
+    /// SKR sync namespace.
+    pub sync_ns: String,
+    /// Admin client of the KCP.
+    pub kcp: Client,
+    /// Where the scenario writes kubeconfigs and logs.
+    pub dir: TestDir,
+    /// The controller, once started.
+    pub catalogsync: Option<Catalogsync>,
+    /// Port of the controller's HTTP server.
+    pub http_port: u16,
+}
+
+impl Scenario {
+    /// Creates the namespaces and RBAC of a new scenario (the CRDs go into the KCP only,
+    /// once per test binary).
+    pub async fn new(prefix: &str) -> Result<Self> {
+        let env = env();
+        install_catalogsync_crds(&env.kcp).await?;
+        let kcp = env.kcp.admin_client();
+        let ns = unique_name(prefix);
+        create_namespace(&kcp, &ns).await?;
+        let mut docs = Vec::new();
+        for file in super::apply::yaml_files(&rbac_dir())? {
+            let text = std::fs::read_to_string(&file)?;
+            for mut doc in parse_yaml_docs(&text)? {
+                // The Role and RoleBinding belong in the namespace of the Kymas.
+                if matches!(doc["kind"].as_str(), Some("Role" | "RoleBinding")) {
+                    doc["metadata"]["namespace"] = json!(ns);
+                }
+                docs.push(doc);
+            }
+        }
+        apply_docs(&kcp, docs).await.context("failed to apply deploy/rbac")?;
+        let dir = TestDir::new(&ns, Some(env.dir()))?;
+        Ok(Self { sync_ns: format!("{ns}-sync"), ns, kcp, dir, catalogsync: None, http_port: free_port()? })
+    }
+
+    /// The user name a Kyma's access Secret authenticates as in its SKR.
+    pub fn skr_user(&self, kyma: &str) -> String {
+        format!("skr-writer-{}-{kyma}", self.ns)
+    }
+
+    /// Writes (creates or replaces) the access Secret of `kyma` for `skr`, named `name`.
+    pub async fn put_secret(&self, name: &str, kyma: &str, kubeconfig: &str) -> Result<()> {
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": self.ns, "labels": {"operator.kyma-project.io/kyma-name": kyma}},
+            "stringData": {"config": kubeconfig},
+        });
+        // Replace `data` entirely: delete-free SSA of stringData would keep old keys only, fine.
+        Api::<Secret>::namespaced(self.kcp.clone(), &self.ns)
+            .patch(name, &PatchParams::apply(CATALOG_AUTHOR).force(), &Patch::Apply(&body))
+            .await
+            .with_context(|| format!("failed to write secret {name}"))?;
+        Ok(())
+    }
+
+    /// A kubeconfig for `skr` under the identity of `kyma`'s writer (admin in the SKR).
+    pub fn skr_kubeconfig(&self, kyma: &str, skr: &ControlPlane) -> String {
+        skr.kubeconfig_yaml(&self.skr_user(kyma), &["system:masters"])
+    }
+
+    /// Creates Kyma `name` with `labels` and its access Secret reaching `skr`.
+    pub async fn add_kyma(&self, name: &str, skr: &ControlPlane, labels: &[(&str, &str)]) -> Result<()> {
+        self.put_secret(name, name, &self.skr_kubeconfig(name, skr)).await?;
+        self.add_kyma_without_secret(name, labels).await
+    }
+
+    /// Creates Kyma `name` with `labels` and no Secret.
+    pub async fn add_kyma_without_secret(&self, name: &str, labels: &[(&str, &str)]) -> Result<()> {
+        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+        let body = json!({
+            "apiVersion": "operator.kyma-project.io/v1beta2",
+            "kind": "Kyma",
+            "metadata": {"name": name, "namespace": self.ns, "labels": labels},
+            "spec": {"channel": "regular"},
+        });
+        self.kymas()
+            .patch(name, &PatchParams::apply(CATALOG_AUTHOR).force(), &Patch::Apply(&body))
+            .await
+            .with_context(|| format!("failed to create kyma {name}"))?;
+        Ok(())
+    }
+
+    /// Sets (or with `None` removes) a label of a Kyma, through a merge patch.
+    pub async fn set_kyma_label(&self, name: &str, key: &str, value: Option<&str>) -> Result<()> {
+        let patch = json!({"metadata": {"labels": {key: value}}});
+        self.kymas().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        Ok(())
+    }
+
+    /// The KCP Kyma API of this scenario.
+    pub fn kymas(&self) -> Api<DynamicObject> {
+        let ar = ApiResource::erase::<catalogsync::api::Kyma>(&());
+        Api::namespaced_with(self.kcp.clone(), &self.ns, &ar)
+    }
+
+    /// Writes catalog objects into the KCP namespace (server-side apply).
+    pub async fn apply_catalog(&self, objects: &[Value]) -> Result<()> {
+        for obj in objects {
+            let plural = match obj["kind"].as_str() {
+                Some("ModuleTemplate") => MT,
+                Some("ModuleReleaseMeta") => MRM,
+                other => anyhow::bail!("not a catalog kind: {other:?}"),
+            };
+            let name = obj["metadata"]["name"].as_str().context("catalog object without name")?;
+            let mut obj = obj.clone();
+            obj["metadata"]["namespace"] = json!(self.ns);
+            self.catalog_api(plural)
+                .patch(name, &PatchParams::apply(CATALOG_AUTHOR).force(), &Patch::Apply(&obj))
+                .await
+                .with_context(|| format!("failed to apply {plural} {name}"))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes a catalog object from the KCP.
+    pub async fn delete_catalog(&self, plural: &str, name: &str) -> Result<()> {
+        self.catalog_api(plural).delete(name, &DeleteParams::default()).await?;
+        Ok(())
+    }
+
+    /// The KCP API of a catalog kind in this scenario's namespace.
+    pub fn catalog_api(&self, plural: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.kcp.clone(), &self.ns, &catalog_resource(plural))
+    }
+
+    /// The SKR API of a catalog kind in the sync namespace.
+    pub fn skr_api(&self, skr: &ControlPlane, plural: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(skr.admin_client(), &self.sync_ns, &catalog_resource(plural))
+    }
+
+    /// Names of the copies of a kind in `skr`'s sync namespace (empty when the CRD is missing).
+    pub async fn skr_names(&self, skr: &ControlPlane, plural: &str) -> BTreeSet<String> {
+        match self.skr_api(skr, plural).list(&ListParams::default()).await {
+            Ok(list) => list.items.iter().map(ResourceExt::name_any).collect(),
+            Err(_) => BTreeSet::new(),
+        }
+    }
+
+    /// Waits until `skr` holds exactly `names` of a kind.
+    pub async fn await_skr_names(&self, skr: &ControlPlane, plural: &str, names: &[&str], timeout: Duration) {
+        let want: BTreeSet<String> = names.iter().map(|s| (*s).to_owned()).collect();
+        super::await_condition(timeout, &format!("{plural} in {} to be exactly {want:?}", skr.name()), || async {
+            self.skr_names(skr, plural).await == want
+        })
+        .await;
+    }
+
+    /// The `ModuleCatalog` condition of a Kyma.
+    pub async fn condition(&self, kyma: &str) -> Option<Condition> {
+        let obj = self.kymas().get(kyma).await.ok()?;
+        let conditions = obj.data.pointer("/status/conditions")?.as_array()?.clone();
+        conditions
+            .into_iter()
+            .filter_map(|c| serde_json::from_value::<Condition>(c).ok())
+            .find(|c| c.type_ == "ModuleCatalog")
+    }
+
+    /// Waits until the Kyma's `ModuleCatalog` condition has `status` and `reason`.
+    pub async fn await_condition(&self, kyma: &str, status: &str, reason: &str, timeout: Duration) -> Condition {
+        super::await_condition(timeout, &format!("kyma {kyma} ModuleCatalog={status} ({reason})"), || async {
+            self.condition(kyma).await.filter(|c| c.status == status && c.reason == reason)
+        })
+        .await
+    }
+
+    /// Starts catalogsync for this scenario with `extra` flags (fast test timings by default).
+    pub fn start(&mut self, extra: &[&str]) -> Result<()> {
+        let env = env();
+        let kubeconfig: PathBuf = catalogsync_kubeconfig(&env.kcp, self.dir.path());
+        let addr = format!("127.0.0.1:{}", self.http_port);
+        let mut args = vec![
+            "run",
+            "--kcp-namespace",
+            &self.ns,
+            "--sync-namespace",
+            &self.sync_ns,
+            "--http-addr",
+            &addr,
+            "--identity",
+            &self.ns,
+            "--catalog-debounce",
+            "200ms",
+            "--backoff-min",
+            "500ms",
+            "--backoff-max",
+            "3s",
+            "--skr-request-timeout",
+            "3s",
+            "--sync-timeout",
+            "15s",
+        ];
+        args.extend_from_slice(extra);
+        let cs = Catalogsync::spawn_bin(&super::catalogsync_bin(), &args, &[], &kubeconfig, Some(self.dir.path()))?;
+        self.catalogsync = Some(cs);
+        Ok(())
+    }
+
+    /// GETs a path of the controller's HTTP server; returns status code and body.
+    pub async fn http_get(&self, path: &str) -> Result<(u16, String)> {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.http_port)).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
+            .await?;
+        let mut buf = Vec::new();
+        stream.read_to_end(&mut buf).await?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        Ok((code, body))
+    }
+
+    /// Waits until the controller reports ready.
+    pub async fn await_ready(&self, timeout: Duration) {
+        super::await_condition(timeout, "catalogsync /readyz to be 200", || async {
+            matches!(self.http_get("/readyz").await, Ok((200, _)))
+        })
+        .await;
+    }
+
+    /// The controller log so far (for failure messages).
+    pub fn log(&self) -> String {
+        self.catalogsync.as_ref().map(Catalogsync::log).unwrap_or_default()
+    }
+
+    /// Sum of the values of a metric's series whose labels contain all of `labels`
+    /// (`key="value"` fragments).
+    pub async fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        let Ok((_, body)) = self.http_get("/metrics").await else { return 0.0 };
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.split(['{', ' ']).next() == Some(name))
+            .filter(|l| labels.iter().all(|frag| l.contains(frag)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("--- catalogsync log of scenario {} (last 60 lines) ---", self.ns);
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
