@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
@@ -122,6 +122,28 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     .modify(|s| s.metadata.managed_fields = None)
     .reflect(secret_writer)
     .touched_objects();
+    // Secret changes requeue their Kyma through a channel, so the Secret cache fills (and
+    // becomes ready) before the controller starts: no Kyma is judged against a partial cache.
+    let (secret_tx, secret_rx) = mpsc::channel::<ObjectRef<Kyma>>(REQUEUE_CAPACITY);
+    let secret_ns = ns.clone();
+    let secret_task = secret_stream
+        .for_each(move |event| {
+            let tx = secret_tx.clone();
+            let ns = secret_ns.clone();
+            async move {
+                match event {
+                    Ok(secret) => {
+                        let kyma = secret.metadata.labels.as_ref().and_then(|l| l.get(KYMA_NAME_LABEL));
+                        if let Some(kyma) = kyma {
+                            // Awaiting space only delays this Secret watch, never a Kyma watch.
+                            let _ = tx.send(ObjectRef::<Kyma>::new(kyma).within(&ns)).await;
+                        }
+                    }
+                    Err(error) => warn!(error = &error as &dyn std::error::Error, "Secret watch failed; retrying"),
+                }
+            }
+        })
+        .instrument(info_span!("secrets"));
     let (kyma_store, kyma_writer) = reflector::store();
     let kyma_stream = watcher(Api::<Kyma>::namespaced(kcp.clone(), &ns), watcher::Config::default())
         .default_backoff()
@@ -174,18 +196,16 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     let controller_ctx = Arc::clone(&ctx);
     let controller_shutdown = shutdown.clone();
     let mut catalog_ready = catalog_rx.clone();
+    let kyma_readiness = kyma_store.clone();
+    let secrets_ready = secret_store.clone();
     let controller_task = async move {
-        // Never sync against an empty or partial catalog: that would prune every SKR.
-        if catalog_ready.changed().await.is_err() {
+        // Never sync against an empty or partial catalog (that would prune every SKR), nor
+        // before the Secret cache is complete (every Kyma would look secret-less).
+        if catalog_ready.changed().await.is_err() || secrets_ready.wait_until_ready().await.is_err() {
             return;
         }
-        let ns = controller_ctx.settings.kcp_namespace.clone();
-        let requeue = futures::stream::unfold(requeue_rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+        let requeue = futures::stream::select(receiver_stream(requeue_rx), receiver_stream(secret_rx));
         Controller::for_stream(kyma_stream, kyma_store.clone())
-            .watches_stream(secret_stream, move |secret| {
-                let kyma = secret.metadata.labels.as_ref()?.get(KYMA_NAME_LABEL)?;
-                Some(ObjectRef::<Kyma>::new(kyma).within(&ns))
-            })
             .reconcile_on(requeue)
             .with_config(controller::Config::default().concurrency(args.concurrency))
             .graceful_shutdown_on(async move { controller_shutdown.cancelled().await })
@@ -199,14 +219,14 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     }
     .instrument(info_span!("controller"));
 
-    let readiness_stores = (catalog_stores, secret_store, kyma_store_ready(&ctx));
+    let readiness_stores = (catalog_stores, secret_store, kyma_readiness);
     let readiness = async move {
         let (catalog, secrets, kymas) = readiness_stores;
         let mut published = catalog_rx;
         let ok = catalog.wait_until_ready().await.is_ok()
             && secrets.wait_until_ready().await.is_ok()
-            && kymas.await
-            && published.wait_for(|_| true).await.is_ok();
+            && published.wait_for(|_| true).await.is_ok()
+            && kymas.wait_until_ready().await.is_ok();
         if ok {
             info!("KCP caches synced; ready");
             ready_tx.send_replace(true);
@@ -223,6 +243,7 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
         () = catalog_task => Err(AppError::TaskEnded("catalog watch")),
         () = controller_task => if shutdown.is_cancelled() { Ok(()) } else { Err(AppError::TaskEnded("controller")) },
         () = readiness => Err(AppError::TaskEnded("readiness")),
+        () = secret_task => Err(AppError::TaskEnded("secret watch")),
     };
     shards.fence();
     shutdown.cancel();
@@ -234,8 +255,7 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     result
 }
 
-/// Resolves to true once the Kyma cache has finished its first list. The Kyma store is filled
-/// by the controller's own stream, so readiness is observed through the context's store.
-fn kyma_store_ready(_ctx: &Arc<Context>) -> impl std::future::Future<Output = bool> + Send + 'static {
-    futures::future::ready(true).boxed()
+/// A stream over an mpsc receiver.
+fn receiver_stream<T: Send + 'static>(rx: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
 }

@@ -169,7 +169,7 @@ impl SkrClientMetrics {
             requests: counter_vec(
                 r,
                 "catalogsync_skr_requests_total",
-                "Requests to SKR apiservers, by verb (get, list, apply, delete) and result (success, not_found, error).",
+                "Requests to SKR apiservers, by verb (get, list, apply, replace, delete) and result (success, not_found, error).",
                 &["verb", "result"],
             )?,
             clients: gauge(r, "catalogsync_skr_clients", "SKR clients cached by this replica.")?,

@@ -74,3 +74,311 @@ async fn new_kymas_get_their_filtered_catalog() {
 }
 
 use kube::ResourceExt as _;
+
+fn spec_of(obj: &kube::api::DynamicObject) -> serde_json::Value {
+    obj.data["spec"].clone()
+}
+
+#[tokio::test]
+async fn catalog_changes_reach_every_skr_without_a_resync() {
+    let env = common::env();
+    let mut s = Scenario::new("changes").await.expect("scenario");
+    s.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
+    s.add_kyma("plain", &env.skr_a, &[]).await.expect("kyma");
+    s.add_kyma("beta", &env.skr_b, &[(BETA, "true")]).await.expect("kyma");
+    // A resync far beyond the test: every change below must travel as an event.
+    s.start(&["--resync-period", "1h"]).expect("start");
+    for skr in [&env.skr_a, &env.skr_b] {
+        s.await_skr_names(skr, MT, &["keda-1.0.0"], PROMPT).await;
+    }
+
+    // Create: a new module, MT and MRM.
+    s.apply_catalog(&[mt("eventing", "0.9.0"), mrm("eventing", &[("regular", "0.9.0")])]).await.expect("create");
+    for skr in [&env.skr_a, &env.skr_b] {
+        s.await_skr_names(skr, MT, &["eventing-0.9.0", "keda-1.0.0"], PROMPT).await;
+        s.await_skr_names(skr, MRM, &["eventing", "keda"], PROMPT).await;
+    }
+
+    // Update an MT: the new spec reaches every SKR.
+    let mut updated = mt("keda", "1.0.0");
+    updated["spec"]["descriptor"]["component"]["labels"] = serde_json::json!([{"name": "rev", "value": "2"}]);
+    s.apply_catalog(std::slice::from_ref(&updated)).await.expect("update mt");
+    for skr in [&env.skr_a, &env.skr_b] {
+        common::await_condition(PROMPT, "updated keda-1.0.0 descriptor", || async {
+            s.skr_api(skr, MT).get("keda-1.0.0").await.ok().is_some_and(|o| spec_of(&o) == updated["spec"])
+        })
+        .await;
+    }
+
+    // Update an MRM: a new channel with its MT.
+    s.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])])
+        .await
+        .expect("update mrm");
+    for skr in [&env.skr_a, &env.skr_b] {
+        s.await_skr_names(skr, MT, &["eventing-0.9.0", "keda-1.0.0", "keda-1.1.0"], PROMPT).await;
+        common::await_condition(PROMPT, "keda MRM with two channels", || async {
+            s.skr_api(skr, MRM)
+                .get("keda")
+                .await
+                .ok()
+                .is_some_and(|o| spec_of(&o)["channels"].as_array().map(Vec::len) == Some(2))
+        })
+        .await;
+    }
+
+    // Flip keda-1.1.0 to beta: gone from the plain SKR, its channel pruned; kept in the beta SKR.
+    s.apply_catalog(&[labelled(mt("keda", "1.1.0"), BETA, "true")]).await.expect("flip beta");
+    s.await_skr_names(&env.skr_a, MT, &["eventing-0.9.0", "keda-1.0.0"], PROMPT).await;
+    common::await_condition(PROMPT, "keda MRM in skr-a pruned to the regular channel", || async {
+        s.skr_api(&env.skr_a, MRM)
+            .get("keda")
+            .await
+            .ok()
+            .is_some_and(|o| spec_of(&o)["channels"] == serde_json::json!([{"channel": "regular", "version": "1.0.0"}]))
+    })
+    .await;
+    s.await_skr_names(&env.skr_b, MT, &["eventing-0.9.0", "keda-1.0.0", "keda-1.1.0"], PROMPT).await;
+
+    // Flip the plain Kyma to beta and back: entries come and go.
+    s.set_kyma_label("plain", BETA, Some("true")).await.expect("label");
+    s.await_skr_names(&env.skr_a, MT, &["eventing-0.9.0", "keda-1.0.0", "keda-1.1.0"], PROMPT).await;
+    s.set_kyma_label("plain", BETA, None).await.expect("label");
+    s.await_skr_names(&env.skr_a, MT, &["eventing-0.9.0", "keda-1.0.0"], PROMPT).await;
+
+    // Delete an MRM: its module disappears (MTs no channel references are not synced).
+    s.delete_catalog(MRM, "eventing").await.expect("delete mrm");
+    for skr in [&env.skr_a, &env.skr_b] {
+        s.await_skr_names(skr, MRM, &["keda"], PROMPT).await;
+    }
+    s.await_skr_names(&env.skr_a, MT, &["keda-1.0.0"], PROMPT).await;
+    // Delete an MT: the channel pointing at it is pruned, and the copy goes.
+    s.delete_catalog(MT, "keda-1.1.0").await.expect("delete mt");
+    s.await_skr_names(&env.skr_b, MT, &["keda-1.0.0"], PROMPT).await;
+    assert!(s.metric("catalogsync_sync_runs_total", &["result=\"error\""]).await == 0.0, "{}", s.log());
+}
+
+#[tokio::test]
+async fn drift_is_repaired_and_user_objects_are_left_alone() {
+    let env = common::env();
+    let skr = &env.skr_a;
+    let mut s = Scenario::new("drift").await.expect("scenario");
+    s.apply_catalog(&[
+        mt("keda", "1.0.0"),
+        mt("keda", "1.1.0"),
+        mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")]),
+    ])
+    .await
+    .expect("catalog");
+    s.add_kyma("k", skr, &[]).await.expect("kyma");
+
+    // Before catalogsync runs, the SKR holds what lifecycle-manager left there: an up-to-date
+    // copy and a stale one written under field manager catalog-sync, and a user's own MT.
+    common::create_namespace(&skr.admin_client(), &s.sync_ns).await.expect("ns");
+    common::install_catalogsync_crds(skr).await.expect("crds");
+    let as_copy = |body: serde_json::Value| {
+        let mut b = body;
+        b["metadata"]["namespace"] = serde_json::json!(s.sync_ns);
+        b["metadata"]["labels"]["operator.kyma-project.io/managed-by"] = serde_json::json!("kyma");
+        b
+    };
+    let ssa = |manager: &'static str| kube::api::PatchParams::apply(manager).force();
+    let mts = s.skr_api(skr, MT);
+    let klm_copy = mts
+        .patch("keda-1.0.0", &ssa("catalog-sync"), &kube::api::Patch::Apply(as_copy(mt("keda", "1.0.0"))))
+        .await
+        .expect("klm copy");
+    mts.patch("old-0.1.0", &ssa("catalog-sync"), &kube::api::Patch::Apply(as_copy(mt("old", "0.1.0"))))
+        .await
+        .expect("stale");
+    let mut own = mt("mine", "1.0.0");
+    own["metadata"]["namespace"] = serde_json::json!(s.sync_ns);
+    mts.patch("mine-1.0.0", &ssa("skr-admin"), &kube::api::Patch::Apply(&own)).await.expect("user mt");
+
+    s.start(&["--resync-period", "2s", "--resync-jitter", "0"]).expect("start");
+    // The stale managed copy is pruned, the user's MT stays, the desired ones are there.
+    s.await_skr_names(skr, MT, &["keda-1.0.0", "keda-1.1.0", "mine-1.0.0"], PROMPT).await;
+    s.await_condition("k", "True", "CatalogSynced", PROMPT).await;
+    // The copy KLM wrote was already right: adopted without a write.
+    let adopted = mts.get("keda-1.0.0").await.expect("copy");
+    assert_eq!(adopted.resource_version(), klm_copy.resource_version(), "an identical copy was rewritten");
+
+    // An SKR admin edits a copy, changing a field and adding one: it comes back on the next
+    // resync, without the added field.
+    let edit = serde_json::json!({"spec": {"version": "6.6.6", "descriptor": {"tampered": true}}});
+    mts.patch("keda-1.1.0", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&edit)).await.expect("edit");
+    common::await_condition(PROMPT, "edited copy repaired", || async {
+        mts.get("keda-1.1.0").await.ok().is_some_and(|o| spec_of(&o) == mt("keda", "1.1.0")["spec"])
+    })
+    .await;
+    // An SKR admin deletes a copy: it comes back.
+    mts.delete("keda-1.0.0", &Default::default()).await.expect("delete");
+    s.await_skr_names(skr, MT, &["keda-1.0.0", "keda-1.1.0", "mine-1.0.0"], PROMPT).await;
+    let mrms = s.skr_api(skr, MRM);
+    mrms.delete("keda", &Default::default()).await.expect("delete mrm");
+    s.await_skr_names(skr, MRM, &["keda"], PROMPT).await;
+
+    // The user's own MT was never written by catalogsync.
+    let mine = mts.get("mine-1.0.0").await.expect("user mt");
+    let managers: Vec<String> = mine.managed_fields().iter().filter_map(|f| f.manager.clone()).collect();
+    assert_eq!(managers, ["skr-admin"], "catalogsync touched a user object");
+    assert_eq!(spec_of(&mine), own["spec"]);
+}
+
+#[tokio::test]
+async fn skr_crds_are_created_when_missing_and_not_rewritten_when_equal() {
+    let env = common::env();
+    let skr = env.start_extra_skr("skr-crd").await.expect("skr");
+    let mut s = Scenario::new("crds").await.expect("scenario");
+    s.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
+    s.add_kyma("k", &skr, &[]).await.expect("kyma");
+    s.start(&[]).expect("start");
+    s.await_skr_names(&skr, MT, &["keda-1.0.0"], PROMPT).await;
+    s.await_condition("k", "True", "CatalogSynced", PROMPT).await;
+
+    let crds: kube::Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        kube::Api::all(skr.admin_client());
+    let names = ["moduletemplates.operator.kyma-project.io", "modulereleasemetas.operator.kyma-project.io"];
+    let mut versions = Vec::new();
+    for name in names {
+        let crd = crds.get(name).await.expect("crd in skr");
+        assert_eq!(crd.labels().get("operator.kyma-project.io/managed-by").map(String::as_str), Some("kyma"));
+        let strategy = crd.spec.conversion.as_ref().map(|c| c.strategy.as_str());
+        assert_eq!(strategy, Some("None"));
+        versions.push(crd.resource_version());
+    }
+    // The Kyma CRD stays KLM's business.
+    assert!(crds.get_opt("kymas.operator.kyma-project.io").await.expect("get").is_none());
+
+    // A restarted catalogsync verifies the CRDs (a cold sync) and does not rewrite them.
+    let before = skr.read_audit_events().len();
+    s.catalogsync.take();
+    s.start(&[]).expect("restart");
+    common::await_condition(PROMPT, "a successful sync after the restart", || async {
+        s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await >= 1.0
+    })
+    .await;
+    for (name, version) in names.iter().zip(&versions) {
+        assert_eq!(&crds.get(name).await.expect("crd").resource_version(), version, "{name} was rewritten");
+    }
+    let writes: Vec<String> = skr.read_audit_events()[before..]
+        .iter()
+        .filter(|e| e.is_write() && e.user.username == s.skr_user("k"))
+        .map(|e| format!("{} {} {:?}", e.verb, e.resource(), e.name()))
+        .collect();
+    assert!(writes.is_empty(), "writes after the restart: {writes:?}");
+}
+
+#[tokio::test]
+async fn kyma_gets_only_its_condition_and_steady_state_writes_nothing() {
+    let env = common::env();
+    let mut s = Scenario::new("steady").await.expect("scenario");
+    s.apply_catalog(&sample_catalog()).await.expect("catalog");
+    s.add_kyma("k1", &env.skr_a, &[("kyma-project.io/runtime-id", "k1")]).await.expect("kyma");
+    s.add_kyma("k2", &env.skr_b, &[(BETA, "true"), (INTERNAL, "true")]).await.expect("kyma");
+    let before_kyma = s.kymas().get("k1").await.expect("kyma");
+    s.start(&["--resync-period", "2s", "--resync-jitter", "0"]).expect("start");
+    let cond = s.await_condition("k1", "True", "CatalogSynced", PROMPT).await;
+    s.await_condition("k2", "True", "CatalogSynced", PROMPT).await;
+    assert_eq!(cond.observed_generation, before_kyma.metadata.generation);
+
+    // The only change to the Kyma is the ModuleCatalog condition, owned by catalogsync.
+    let after = s.kymas().get("k1").await.expect("kyma");
+    assert_eq!(after.data["spec"], before_kyma.data["spec"]);
+    assert_eq!(after.metadata.labels, before_kyma.metadata.labels);
+    assert_eq!(after.metadata.annotations, before_kyma.metadata.annotations);
+    assert_eq!(after.metadata.generation, before_kyma.metadata.generation);
+    let ours: Vec<_> = after.managed_fields().iter().filter(|f| f.manager.as_deref() == Some("catalogsync")).collect();
+    assert_eq!(ours.len(), 1, "{:?}", after.managed_fields());
+    assert_eq!(ours[0].subresource.as_deref(), Some("status"));
+    let fields = serde_json::to_value(&ours[0].fields_v1).expect("fields");
+    assert_eq!(
+        fields,
+        serde_json::json!({"f:status": {"f:conditions": {"k:{\"type\":\"ModuleCatalog\"}": {
+            ".": {}, "f:lastTransitionTime": {}, "f:message": {}, "f:observedGeneration": {},
+            "f:reason": {}, "f:status": {}, "f:type": {}
+        }}}}),
+    );
+
+    // Steady state: over three resync periods, no write anywhere, and a bounded number of
+    // reads per SKR sync.
+    let kcp_mark = env.kcp.read_audit_events().len();
+    let skr_marks = [env.skr_a.read_audit_events().len(), env.skr_b.read_audit_events().len()];
+    let runs = s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await;
+    common::await_condition(Duration::from_secs(20), "three more resyncs of both Kymas", || async {
+        s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await >= runs + 6.0
+    })
+    .await;
+    let kcp_writes: Vec<String> = env.kcp.read_audit_events()[kcp_mark..]
+        .iter()
+        // Other scenarios run in parallel under the same identity: look at this one's namespace.
+        .filter(|e| e.is_write() && e.user.username == common::CATALOGSYNC_USER && e.namespace() == Some(s.ns.as_str()))
+        .map(|e| format!("{} {} {:?}", e.verb, e.resource(), e.name()))
+        .collect();
+    assert!(kcp_writes.is_empty(), "KCP writes in steady state: {kcp_writes:?}");
+    for ((skr, mark), kyma) in [&env.skr_a, &env.skr_b].into_iter().zip(skr_marks).zip(["k1", "k2"]) {
+        let events: Vec<_> = skr.read_audit_events()[mark..]
+            .iter()
+            .filter(|e| e.user.username == s.skr_user(kyma) && e.stage == "ResponseComplete")
+            .cloned()
+            .collect();
+        let writes: Vec<_> =
+            events.iter().filter(|e| e.is_write()).map(|e| (e.verb.clone(), e.resource().to_owned())).collect();
+        assert!(writes.is_empty(), "SKR writes in steady state for {kyma}: {writes:?}");
+        let verbs: Vec<&str> = events.iter().map(|e| e.verb.as_str()).collect();
+        assert!(verbs.iter().all(|v| *v == "list"), "{kyma}: steady-state requests other than list: {verbs:?}");
+        assert!(events.len() >= 6, "{kyma}: expected two lists per resync, saw {}", events.len());
+    }
+}
+
+#[tokio::test]
+async fn klm_shaped_module_template_round_trips_without_losing_fields() {
+    let env = common::env();
+    let mut s = Scenario::new("roundtrip").await.expect("scenario");
+    let mut big = mt("btp-operator", "1.1.0");
+    let resources: Vec<serde_json::Value> = (0..120)
+        .map(|i| {
+            serde_json::json!({
+                "name": format!("resource-{i}"), "type": "ociArtifact", "relation": "external", "version": "1.1.0",
+                "labels": [{"name": "oci-artifact", "value": {"digest": format!("sha256:{i:064x}")}, "version": "v1"}],
+                "access": {"type": "ociArtifact", "imageReference": format!("europe-docker.pkg.dev/kyma/btp-operator/r{i}:1.1.0")},
+                "digest": {"hashAlgorithm": "SHA-256", "normalisationAlgorithm": "ociArtifactDigest/v1", "value": format!("{i:064x}")},
+            })
+        })
+        .collect();
+    big["spec"]["descriptor"] = serde_json::json!({
+        "meta": {"schemaVersion": "v2"},
+        "component": {
+            "name": "kyma-project.io/module/btp-operator", "version": "1.1.0", "provider": "internal",
+            "repositoryContexts": [{"type": "OCIRegistry", "baseUrl": "europe-docker.pkg.dev/kyma", "componentNameMapping": "urlPath"}],
+            "resources": resources, "sources": [{"name": "src", "type": "Github", "access": {"commit": "abc", "repoUrl": "github.com/kyma-project/btp-manager"}}],
+            "componentReferences": [], "labels": [{"name": "security.kyma-project.io/scan", "value": "enabled"}],
+        },
+        "signatures": [{"name": "kyma", "digest": {"hashAlgorithm": "SHA-256", "value": "00ff"}, "signature": {"algorithm": "RSASSA-PSS", "value": "abcd", "mediaType": "application/vnd.ocm.signature.rsa"}}],
+    });
+    big["spec"]["data"] = serde_json::json!({
+        "apiVersion": "operator.kyma-project.io/v1alpha1", "kind": "BtpOperator",
+        "metadata": {"name": "btpoperator", "namespace": "kyma-system"},
+        "spec": {"unknownField": {"nested": [1, 2, {"deep": "yes"}]}, "anotherOne": "x"},
+    });
+    big["spec"]["info"] = serde_json::json!({"repository": "https://github.com/kyma-project/btp-manager", "documentation": "https://kyma-project.io", "icons": [{"name": "icon", "link": "https://x/icon.svg"}]});
+    big["spec"]["manager"] = serde_json::json!({"group": "apps", "version": "v1", "kind": "Deployment", "namespace": "kyma-system", "name": "btp-manager"});
+    big["spec"]["associatedResources"] =
+        serde_json::json!([{"group": "services.cloud.sap.com", "version": "v1", "kind": "ServiceInstance"}]);
+    big["spec"]["resources"] = serde_json::json!([{"name": "rawManifest", "link": "https://x/manifest.yaml"}]);
+    big["spec"]["requiresDowntime"] = serde_json::json!(false);
+    big["metadata"]["annotations"] = serde_json::json!({"operator.kyma-project.io/is-cluster-scoped": "false", "kubectl.kubernetes.io/last-applied-configuration": "{}"});
+    assert!(serde_json::to_vec(&big).expect("json").len() > 30_000, "descriptor should be KLM-sized");
+    s.apply_catalog(&[big.clone(), mrm("btp-operator", &[("regular", "1.1.0")])]).await.expect("catalog");
+    s.add_kyma("k", &env.skr_a, &[]).await.expect("kyma");
+    s.start(&[]).expect("start");
+    s.await_skr_names(&env.skr_a, MT, &["btp-operator-1.1.0"], PROMPT).await;
+
+    let kcp = s.catalog_api(MT).get("btp-operator-1.1.0").await.expect("kcp mt");
+    assert_eq!(spec_of(&kcp), big["spec"], "the KCP CRD dropped fields");
+    let copy = s.skr_api(&env.skr_a, MT).get("btp-operator-1.1.0").await.expect("skr copy");
+    assert_eq!(spec_of(&copy), big["spec"], "the SKR copy lost fields");
+    let annotations = copy.annotations();
+    assert_eq!(annotations.get("operator.kyma-project.io/is-cluster-scoped").map(String::as_str), Some("false"));
+    assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+    assert!(copy.owner_references().is_empty() && copy.finalizers().is_empty());
+}

@@ -10,13 +10,13 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
-use crate::catalog::render::is_subset;
-use crate::catalog::{CatalogKind, DesiredSet, Observed, Plan, plan};
+use crate::catalog::render::{copy_matches, is_subset};
+use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Plan, plan};
 use crate::error::{Error, Result};
 use crate::metrics::SkrClientMetrics;
 use crate::skr::SkrState;
@@ -180,15 +180,8 @@ impl SkrTarget<'_> {
             .map(|obj: crate::catalog::DesiredObject| {
                 let api = api.clone();
                 async move {
-                    self.check_ownership()?;
-                    let res = api.patch(&obj.name, &apply_params(), &Patch::Apply(&*obj.payload)).await;
-                    self.metrics.record("apply", &res);
-                    let applied = res.map_err(|source| Error::ApplySkrObject {
-                        kind,
-                        name: obj.name.clone(),
-                        source: Box::new(source),
-                    })?;
-                    Ok((obj.name.clone(), applied.resource_version().unwrap_or_default(), obj.hash))
+                    let rv = self.apply_one(&api, kind, &obj).await?;
+                    Ok((obj.name.clone(), rv, obj.hash))
                 }
             })
             .buffer_unordered(self.concurrency)
@@ -233,6 +226,37 @@ impl SkrTarget<'_> {
         }
         *report.pruned.entry(kind).or_default() += pruned.len();
         Ok(())
+    }
+
+    /// Applies one copy. Server-side apply resets every field catalogsync owns, but fields an
+    /// SKR admin added under another field manager survive it; when the result still differs
+    /// from the desired copy, the object is replaced to drop them. Returns the new
+    /// resourceVersion.
+    async fn apply_one(&self, api: &Api<DynamicObject>, kind: CatalogKind, obj: &DesiredObject) -> Result<String> {
+        let wrap = |source| Error::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
+        self.check_ownership()?;
+        let res = api.patch(&obj.name, &apply_params(), &Patch::Apply(&*obj.payload)).await;
+        self.metrics.record("apply", &res);
+        let applied = res.map_err(wrap)?;
+        let observed = serde_json::to_value(&applied).unwrap_or_default();
+        if copy_matches(&obj.payload, &observed) {
+            return Ok(applied.resource_version().unwrap_or_default());
+        }
+        self.check_ownership()?;
+        let mut body = (*obj.payload).clone();
+        for field in ["labels", "annotations"] {
+            let mut merged = observed["metadata"][field].as_object().cloned().unwrap_or_default();
+            if let Some(want) = obj.payload["metadata"][field].as_object() {
+                merged.extend(want.clone());
+            }
+            body["metadata"][field] = Value::Object(merged);
+        }
+        body["metadata"]["resourceVersion"] = json!(applied.resource_version());
+        let replacement: DynamicObject = serde_json::from_value(body).map_err(|e| wrap(kube::Error::SerdeError(e)))?;
+        let params = PostParams { field_manager: Some(SKR_FIELD_MANAGER.to_owned()), ..PostParams::default() };
+        let res = api.replace(&obj.name, &params, &replacement).await;
+        self.metrics.record("replace", &res);
+        Ok(res.map_err(wrap)?.resource_version().unwrap_or_default())
     }
 
     async fn list(&self, kind: CatalogKind, full: bool) -> Result<Vec<Observed>> {

@@ -329,3 +329,84 @@ impl Drop for Scenario {
         }
     }
 }
+
+// Helpers of the failure-isolation tests (tests/sync_isolation.rs).
+impl Scenario {
+    /// Creates Kyma `name` with `labels` and `finalizers` in `metadata.finalizers`, and its
+    /// access Secret reaching `skr`. A finalizer nobody removes keeps the Kyma around with a
+    /// `deletionTimestamp` after [`Scenario::delete_kyma`].
+    pub async fn add_kyma_with_finalizers(
+        &self,
+        name: &str,
+        skr: &ControlPlane,
+        labels: &[(&str, &str)],
+        finalizers: &[&str],
+    ) -> Result<()> {
+        self.put_secret(name, name, &self.skr_kubeconfig(name, skr)).await?;
+        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+        let body = json!({
+            "apiVersion": "operator.kyma-project.io/v1beta2",
+            "kind": "Kyma",
+            "metadata": {"name": name, "namespace": self.ns, "labels": labels, "finalizers": finalizers},
+            "spec": {"channel": "regular"},
+        });
+        self.kymas()
+            .patch(name, &PatchParams::apply(CATALOG_AUTHOR).force(), &Patch::Apply(&body))
+            .await
+            .with_context(|| format!("failed to create kyma {name}"))?;
+        Ok(())
+    }
+
+    /// Deletes Kyma `name` (with a finalizer left it stays, with a `deletionTimestamp`).
+    pub async fn delete_kyma(&self, name: &str) -> Result<()> {
+        self.kymas()
+            .delete(name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("failed to delete {name}"))?;
+        Ok(())
+    }
+
+    /// Deletes Secret `name` from the scenario namespace.
+    pub async fn delete_secret(&self, name: &str) -> Result<()> {
+        Api::<Secret>::namespaced(self.kcp.clone(), &self.ns)
+            .delete(name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("failed to delete secret {name}"))?;
+        Ok(())
+    }
+
+    /// The Events (`events.k8s.io/v1`) in the scenario namespace whose `regarding` is Kyma
+    /// `kyma` (listed with the admin client; empty on error).
+    pub async fn kyma_events(&self, kyma: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+        let api = Api::<k8s_openapi::api::events::v1::Event>::namespaced(self.kcp.clone(), &self.ns);
+        let Ok(list) = api.list(&ListParams::default()).await else { return Vec::new() };
+        list.items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some("Kyma")
+                        && r.name.as_deref() == Some(kyma)
+                        && r.namespace.as_deref() == Some(self.ns.as_str())
+                })
+            })
+            .collect()
+    }
+
+    /// Waits until an Event about Kyma `kyma` with `reason` exists, and returns it.
+    pub async fn await_kyma_event(
+        &self,
+        kyma: &str,
+        reason: &str,
+        timeout: Duration,
+    ) -> k8s_openapi::api::events::v1::Event {
+        super::await_condition(timeout, &format!("an Event with reason {reason} on kyma {kyma}"), || async {
+            self.kyma_events(kyma).await.into_iter().find(|e| e.reason.as_deref() == Some(reason))
+        })
+        .await
+    }
+
+    /// Whether catalogsync was started and still runs.
+    pub fn catalogsync_running(&mut self) -> bool {
+        self.catalogsync.as_mut().is_some_and(Catalogsync::is_running)
+    }
+}
