@@ -15,11 +15,18 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::api::{KYMA_NAME_LABEL, Kyma};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube_leader_election::{LeaseLock, LeaseLockParams};
+use tokio::task::JoinHandle;
+
+use crate::api::{COORDINATOR_LEASE, KYMA_NAME_LABEL, Kyma, LEASE_TYPE_LABEL};
 use crate::config::RunArgs;
 use crate::http::{self, HttpState};
 use crate::metrics::Metrics;
 use crate::sharding::ShardView;
+use crate::sharding::agent::{Agent, ShardsDebug};
+use crate::sharding::coordinator::Coordinator;
+use crate::sharding::{Timing, membership};
 use crate::skr::{AccessTimeouts, SkrPool};
 use crate::sync::catalog::{CatalogState, run_catalog_loop, watch_catalog};
 use crate::sync::reconciler::{self, Book, Context, Settings};
@@ -106,6 +113,7 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
         resync_period: args.resync_period,
         resync_jitter: args.resync_jitter,
         skr_concurrency: args.skr_concurrency,
+        skr_request_timeout: args.skr_request_timeout,
         sync_timeout: args.sync_timeout,
         backoff_min: args.backoff_min,
         backoff_max: args.backoff_max,
@@ -154,13 +162,17 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
 
     let (catalog_tx, catalog_rx) = watch::channel(Arc::new(CatalogState::default()));
     let (requeue_tx, requeue_rx) = mpsc::channel(REQUEUE_CAPACITY);
-    let shards = ShardView::single_replica();
+    let shards = ShardView::new(args.shards);
     let ctx = Arc::new(Context {
         kcp: kcp.clone(),
         pool: SkrPool::new(
             kcp.clone(),
             ns.clone(),
-            AccessTimeouts { connect: SKR_CONNECT_TIMEOUT, request: args.skr_request_timeout },
+            AccessTimeouts {
+                user_agent: format!("catalogsync/{} ({})", env!("CARGO_PKG_VERSION"), args.identity),
+                connect: SKR_CONNECT_TIMEOUT,
+                request: args.skr_request_timeout,
+            },
             metrics.skr.clone(),
         ),
         settings,
@@ -175,11 +187,84 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
         book: Book::default(),
     });
 
+    // Leases: one cache for member and shard Leases, shared by the agent and the coordinator.
+    let lease_api: Api<Lease> = Api::namespaced(kcp.clone(), &args.lease_namespace);
+    let (lease_store, lease_writer) = reflector::store();
+    let (lease_changed_tx, lease_changed_rx) = watch::channel(());
+    let lease_task = watcher(lease_api.clone(), watcher::Config::default().labels(LEASE_TYPE_LABEL))
+        .default_backoff()
+        .modify(|l: &mut Lease| l.metadata.managed_fields = None)
+        .reflect(lease_writer)
+        .for_each(move |event| {
+            if let Err(error) = &event {
+                warn!(error = error as &dyn std::error::Error, "Lease watch failed; retrying");
+            }
+            lease_changed_tx.send_replace(());
+            futures::future::ready(())
+        })
+        .instrument(info_span!("leases"));
+    let timing = Timing {
+        lease_duration: args.lease_duration,
+        renew_deadline: args.renew_deadline,
+        retry_period: args.retry_period,
+        drain_timeout: args.drain_timeout,
+    };
+    let membership_task = membership::run(
+        lease_api.clone(),
+        args.identity.clone(),
+        shards.clone(),
+        timing,
+        metrics.shard.clone(),
+        shutdown.clone(),
+    )
+    .instrument(info_span!("membership"));
+    let (debug_tx, debug_rx) = watch::channel(ShardsDebug::default());
+    let release_ctx = Arc::clone(&ctx);
+    let agent = Agent {
+        api: lease_api.clone(),
+        identity: args.identity.clone(),
+        view: shards.clone(),
+        timing,
+        leases: lease_store.clone(),
+        kymas: kyma_store.clone(),
+        requeue: requeue_tx.clone(),
+        on_release: Arc::new(move |kymas| {
+            for kyma in kymas {
+                release_ctx.pool.evict(&kyma.name, "released");
+            }
+        }),
+        metrics: metrics.shard.clone(),
+        debug: debug_tx,
+    };
+    let agent_task = agent.run(lease_changed_rx.clone(), shutdown.clone()).instrument(info_span!("shards"));
+    let coordinator = Coordinator {
+        lock: LeaseLock::new(
+            kcp.clone(),
+            &args.lease_namespace,
+            LeaseLockParams {
+                lease_name: COORDINATOR_LEASE.to_owned(),
+                holder_id: args.identity.clone(),
+                lease_ttl: args.lease_duration,
+            },
+        ),
+        api: lease_api.clone(),
+        leases: lease_store.clone(),
+        kymas: kyma_store.clone(),
+        view: shards.clone(),
+        timing,
+        metrics: metrics.shard.clone(),
+    };
+    let coordinator_task = coordinator.run(lease_changed_rx, shutdown.clone()).instrument(info_span!("coordinator"));
+
     let (ready_tx, ready_rx) = watch::channel(false);
     let http_shutdown = shutdown.clone();
-    let http_task = http::serve(args.http_addr, HttpState { metrics: metrics.clone(), ready: ready_rx }, async move {
-        http_shutdown.cancelled().await
-    })
+    let http_addr = args.http_addr;
+    let http_state = HttpState { metrics: metrics.clone(), ready: ready_rx, shards: debug_rx };
+    let http_task = async move {
+        if let Err(error) = http::serve(http_addr, http_state, async move { http_shutdown.cancelled().await }).await {
+            error!(error = &error as &dyn std::error::Error, %http_addr, "HTTP server failed");
+        }
+    }
     .instrument(info_span!("http"));
 
     let catalog_task = run_catalog_loop(
@@ -198,16 +283,17 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     let mut catalog_ready = catalog_rx.clone();
     let kyma_readiness = kyma_store.clone();
     let secrets_ready = secret_store.clone();
+    let concurrency = args.concurrency;
     let controller_task = async move {
         // Never sync against an empty or partial catalog (that would prune every SKR), nor
         // before the Secret cache is complete (every Kyma would look secret-less).
-        if catalog_ready.changed().await.is_err() || secrets_ready.wait_until_ready().await.is_err() {
+        if catalog_ready.changed().await.is_err() || !until_ready(&secrets_ready).await {
             return;
         }
         let requeue = futures::stream::select(receiver_stream(requeue_rx), receiver_stream(secret_rx));
         Controller::for_stream(kyma_stream, kyma_store.clone())
             .reconcile_on(requeue)
-            .with_config(controller::Config::default().concurrency(args.concurrency))
+            .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(async move { controller_shutdown.cancelled().await })
             .run(reconciler::reconcile, reconciler::error_policy, controller_ctx)
             .for_each(|res| async move {
@@ -219,40 +305,86 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     }
     .instrument(info_span!("controller"));
 
-    let readiness_stores = (catalog_stores, secret_store, kyma_readiness);
+    let readiness_view = shards.clone();
     let readiness = async move {
-        let (catalog, secrets, kymas) = readiness_stores;
+        let (catalog, secrets, kymas) = (catalog_stores, secret_store, kyma_readiness);
         let mut published = catalog_rx;
         let ok = catalog.wait_until_ready().await.is_ok()
-            && secrets.wait_until_ready().await.is_ok()
-            && published.wait_for(|_| true).await.is_ok()
-            && kymas.wait_until_ready().await.is_ok();
+            && until_ready(&secrets).await
+            && published.changed().await.is_ok()
+            && until_ready(&kymas).await;
+        // Ready also means holding a fresh member Lease.
+        while readiness_view.is_fenced() {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
         if ok {
-            info!("KCP caches synced; ready");
+            info!("KCP caches synced and member Lease held; ready");
             ready_tx.send_replace(true);
         }
         std::future::pending::<()>().await;
     };
 
-    let result = tokio::select! {
-        r = http_task => match r {
-            Ok(()) if shutdown.is_cancelled() => Ok(()),
-            Ok(()) => Err(AppError::TaskEnded("http")),
-            Err(source) => Err(AppError::Http { addr: args.http_addr, source }),
-        },
-        () = catalog_task => Err(AppError::TaskEnded("catalog watch")),
-        () = controller_task => if shutdown.is_cancelled() { Ok(()) } else { Err(AppError::TaskEnded("controller")) },
-        () = readiness => Err(AppError::TaskEnded("readiness")),
-        () = secret_task => Err(AppError::TaskEnded("secret watch")),
+    // Every task is essential: if one ends while the replica is not shutting down, the
+    // replica exits non-zero rather than staying Ready without doing its job.
+    let ordered = vec![
+        ("controller", tokio::spawn(controller_task)),
+        ("shard agent", tokio::spawn(agent_task)),
+        ("coordinator", tokio::spawn(coordinator_task)),
+        ("membership", tokio::spawn(membership_task)),
+        ("http", tokio::spawn(http_task)),
+    ];
+    let background = vec![
+        ("catalog watch", tokio::spawn(catalog_task)),
+        ("secret watch", tokio::spawn(secret_task)),
+        ("lease watch", tokio::spawn(lease_task)),
+        ("readiness", tokio::spawn(readiness)),
+    ];
+    let mut all: Vec<(&'static str, JoinHandle<()>)> = ordered.into_iter().chain(background).collect();
+    let ended = tokio::select! {
+        () = shutdown.cancelled() => None,
+        (_, index, _) = futures::future::select_all(all.iter_mut().map(|(_, h)| h)) => Some(index),
     };
-    shards.fence();
-    shutdown.cancel();
-    if let Err(err) = &result {
-        error!(error = err as &dyn std::error::Error, "Stopping");
-    } else {
-        info!("Stopped");
+    let failed = ended.map(|index| all.remove(index).0);
+    if let Some(task) = failed {
+        error!(task, "Essential task ended unexpectedly; shutting down");
     }
-    result
+
+    // Shutdown, in order: stop SKR writes, let the controller finish or abandon in-flight
+    // syncs, release shard Leases, delete the member Lease, step down, stop serving.
+    shards.stop();
+    shutdown.cancel();
+    let deadline = tokio::time::Instant::now() + args.shutdown_timeout;
+    for (task, handle) in all.iter_mut().take_while(|(t, _)| !matches!(*t, "catalog watch")) {
+        if tokio::time::timeout_at(deadline, handle).await.is_err() {
+            warn!(task = *task, "Task did not stop within the shutdown timeout");
+        }
+    }
+    for (_, handle) in &all {
+        handle.abort();
+    }
+    match failed {
+        Some(task) => Err(AppError::TaskEnded(task)),
+        None => {
+            info!("Stopped");
+            Ok(())
+        }
+    }
+}
+
+/// Waits until a store finished its first list. A store's readiness signal wakes only its
+/// most recent waiter, and the controller waits on the same stores, so poll it again
+/// periodically rather than sleeping on it.
+async fn until_ready<K>(store: &reflector::Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_millis(200), store.wait_until_ready()).await {
+            Ok(result) => return result.is_ok(),
+            Err(_) => continue,
+        }
+    }
 }
 
 /// A stream over an mpsc receiver.

@@ -82,7 +82,7 @@ pub struct RunArgs {
     pub skr_concurrency: usize,
 
     /// Timeout of one request to an SKR (connect, send and read).
-    #[arg(long, env = "CATALOGSYNC_SKR_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration, help_heading = "Sync")]
+    #[arg(long, env = "CATALOGSYNC_SKR_REQUEST_TIMEOUT", default_value = "5s", value_parser = parse_duration, help_heading = "Sync")]
     pub skr_request_timeout: Duration,
 
     /// Timeout of a whole sync of one SKR.
@@ -96,6 +96,35 @@ pub struct RunArgs {
     /// Longest retry delay after failed syncs.
     #[arg(long, env = "CATALOGSYNC_BACKOFF_MAX", default_value = "5m", value_parser = parse_duration, help_heading = "Sync")]
     pub backoff_max: Duration,
+
+    /// Number of shards the SKR set is split into. Every replica must use the same value.
+    #[arg(long, env = "CATALOGSYNC_SHARDS", default_value = "64", value_parser = clap::value_parser!(u32).range(1..=4096), help_heading = "Sharding")]
+    pub shards: u32,
+
+    /// Namespace of the member, shard and coordinator Leases (the pod's namespace in a
+    /// cluster).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "catalogsync-system", help_heading = "Sharding")]
+    pub lease_namespace: String,
+
+    /// How long a member Lease stays valid without renewal. A crashed replica's shards move
+    /// after about this long.
+    #[arg(long, env = "CATALOGSYNC_LEASE_DURATION", default_value = "15s", value_parser = parse_duration, help_heading = "Sharding")]
+    pub lease_duration: Duration,
+
+    /// How long after its last successful member Lease renewal a replica keeps writing to
+    /// SKRs. Must leave room for one SKR request before the Lease expires:
+    /// renew deadline + SKR request timeout <= lease duration.
+    #[arg(long, env = "CATALOGSYNC_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration, help_heading = "Sharding")]
+    pub renew_deadline: Duration,
+
+    /// How often Leases are renewed and shard ownership is re-evaluated.
+    #[arg(long, env = "CATALOGSYNC_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration, help_heading = "Sharding")]
+    pub retry_period: Duration,
+
+    /// Longest wait for in-flight syncs of a shard that moves to another replica before it
+    /// is released anyway. At least the SKR request timeout.
+    #[arg(long, env = "CATALOGSYNC_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration, help_heading = "Sharding")]
+    pub drain_timeout: Duration,
 
     /// Address of the HTTP server for /metrics, /healthz, /readyz and /debug/shards.
     #[arg(long, env = "CATALOGSYNC_HTTP_ADDR", default_value = "0.0.0.0:8080", help_heading = "Operations")]
@@ -141,8 +170,34 @@ impl RunArgs {
         if self.backoff_min > self.backoff_max {
             return Err("--backoff-min must not exceed --backoff-max".into());
         }
+        if self.renew_deadline + self.skr_request_timeout > self.lease_duration {
+            return Err("--renew-deadline plus --skr-request-timeout must not exceed --lease-duration: a fenced \
+                        replica's last SKR request must end before its shards can move"
+                .into());
+        }
+        if self.retry_period >= self.renew_deadline {
+            return Err("--retry-period must be shorter than --renew-deadline".into());
+        }
+        if self.drain_timeout < self.skr_request_timeout {
+            return Err("--drain-timeout must be at least --skr-request-timeout".into());
+        }
+        if !is_dns_label(&self.identity) {
+            return Err(format!(
+                "--identity {:?} must be a DNS label (lower-case alphanumerics and '-')",
+                self.identity
+            ));
+        }
         Ok(())
     }
+}
+
+/// Whether `s` can be part of a Lease name.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 200
+        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
 }
 
 /// Parses durations such as `500ms`, `10s`, `5m`, `1h` or `1m30s`.

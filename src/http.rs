@@ -11,6 +11,7 @@ use axum::routing::get;
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
+use crate::sharding::agent::ShardsDebug;
 
 /// Shared state of the handlers.
 #[derive(Clone)]
@@ -19,6 +20,8 @@ pub struct HttpState {
     pub metrics: Metrics,
     /// Whether the replica is ready.
     pub ready: watch::Receiver<bool>,
+    /// The shard view.
+    pub shards: watch::Receiver<ShardsDebug>,
 }
 
 /// The router; tested without binding a port.
@@ -28,11 +31,16 @@ pub fn router(state: HttpState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .route("/debug/shards", get(debug_shards))
         .with_state(state)
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+}
+
+async fn debug_shards(State(state): State<HttpState>) -> impl IntoResponse {
+    axum::Json(state.shards.borrow().clone())
 }
 
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
@@ -76,13 +84,17 @@ mod tests {
     async fn readiness_follows_the_cache_state() {
         let metrics = Metrics::new().expect("metrics");
         let (tx, rx) = watch::channel(false);
-        let r = router(HttpState { metrics, ready: rx });
+        let (_shards_tx, shards) = watch::channel(ShardsDebug::default());
+        let r = router(HttpState { metrics, ready: rx, shards });
         assert_eq!(get_status(r.clone(), "/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(get_status(r.clone(), "/healthz").await.0, StatusCode::OK);
         tx.send_replace(true);
         assert_eq!(get_status(r.clone(), "/readyz").await.0, StatusCode::OK);
-        let (status, body) = get_status(r, "/metrics").await;
+        let (status, body) = get_status(r.clone(), "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("catalogsync_syncs_in_flight"), "{body}");
+        let (status, body) = get_status(r, "/debug/shards").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("\"rows\""), "{body}");
     }
 }

@@ -22,6 +22,115 @@ pub struct Metrics {
     pub skr: SkrClientMetrics,
     /// Catalog (KCP side) metrics.
     pub catalog: CatalogMetrics,
+    /// Sharding metrics.
+    pub shard: ShardMetrics,
+}
+
+/// Buckets of the handover duration histogram: a graceful handover takes well under two
+/// seconds, a takeover after a crash about a member lease duration.
+const HANDOVER_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0];
+
+/// Metrics of membership, shard ownership and the coordinator.
+#[derive(Clone)]
+pub struct ShardMetrics {
+    /// `catalogsync_shard_owned_clusters{shard}`.
+    pub owned_clusters: IntGaugeVec,
+    /// `catalogsync_shards_held`.
+    pub held: IntGauge,
+    /// `catalogsync_shard_handovers_total{op}`.
+    pub handovers: IntCounterVec,
+    /// `catalogsync_shard_handover_duration_seconds`.
+    pub handover_duration: Histogram,
+    /// `catalogsync_shard_assignments_total`.
+    pub assignments: IntCounter,
+    /// `catalogsync_shard_forced_takeovers_total`.
+    pub forced_takeovers: IntCounter,
+    /// `catalogsync_unowned_clusters`.
+    pub unowned_clusters: IntGauge,
+    /// `catalogsync_unowned_oldest_seconds`.
+    pub unowned_oldest: prometheus::Gauge,
+    /// `catalogsync_is_coordinator`.
+    pub is_coordinator: IntGauge,
+    /// `catalogsync_member_fenced`.
+    pub fenced: IntGauge,
+    /// `catalogsync_member_renewals_total{result}`.
+    pub renewals: IntCounterVec,
+    /// `catalogsync_live_members`.
+    pub live_members: IntGauge,
+}
+
+impl ShardMetrics {
+    /// Registers the sharding metrics.
+    ///
+    /// # Errors
+    /// Fails when a metric is registered twice.
+    pub fn register(r: &Registry) -> prometheus::Result<Self> {
+        let handover_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "catalogsync_shard_handover_duration_seconds",
+                "Time from the coordinator naming a new holder of a shard to that holder claiming it, in seconds.",
+            )
+            .buckets(HANDOVER_BUCKETS.to_vec()),
+        )?;
+        r.register(Box::new(handover_duration.clone()))?;
+        let counter = |name: &str, help: &str| -> prometheus::Result<IntCounter> {
+            let c = IntCounter::new(name, help)?;
+            r.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let unowned_oldest = prometheus::Gauge::new(
+            "catalogsync_unowned_oldest_seconds",
+            "Age of the oldest shard without a live holder, in seconds (coordinator only; 0 elsewhere).",
+        )?;
+        r.register(Box::new(unowned_oldest.clone()))?;
+        Ok(Self {
+            owned_clusters: gauge_vec(
+                r,
+                "catalogsync_shard_owned_clusters",
+                "SKRs (Kymas) in each shard this replica holds.",
+                &["shard"],
+            )?,
+            held: gauge(r, "catalogsync_shards_held", "Shards this replica holds and works on.")?,
+            handovers: counter_vec(
+                r,
+                "catalogsync_shard_handovers_total",
+                "Shard ownership changes made by this replica, by operation (claimed, resumed, drained, released, dropped).",
+                &["op"],
+            )?,
+            handover_duration,
+            assignments: counter(
+                "catalogsync_shard_assignments_total",
+                "Desired-holder changes the coordinator wrote to shard Leases.",
+            )?,
+            forced_takeovers: counter(
+                "catalogsync_shard_forced_takeovers_total",
+                "Shards the coordinator released because their holder's member Lease had expired.",
+            )?,
+            unowned_clusters: gauge(
+                r,
+                "catalogsync_unowned_clusters",
+                "SKRs whose shard has no live holder (coordinator only; 0 elsewhere).",
+            )?,
+            unowned_oldest,
+            is_coordinator: gauge(r, "catalogsync_is_coordinator", "1 when this replica is the coordinator, else 0.")?,
+            fenced: gauge(
+                r,
+                "catalogsync_member_fenced",
+                "1 when this replica stopped SKR writes because its member Lease was not renewed in time.",
+            )?,
+            renewals: counter_vec(
+                r,
+                "catalogsync_member_renewals_total",
+                "Renewals of this replica's member Lease, by result (success, error).",
+                &["result"],
+            )?,
+            live_members: gauge(
+                r,
+                "catalogsync_live_members",
+                "Replicas with an unexpired member Lease, as seen here.",
+            )?,
+        })
+    }
 }
 
 /// Metrics of SKR syncs.
@@ -237,6 +346,7 @@ impl Metrics {
             sync: SyncMetrics::register(&registry)?,
             skr: SkrClientMetrics::register(&registry)?,
             catalog: CatalogMetrics::register(&registry)?,
+            shard: ShardMetrics::register(&registry)?,
             registry,
         })
     }

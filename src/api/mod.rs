@@ -140,3 +140,28 @@ pub(crate) mod schema {
         })
     }
 }
+
+/// Label on catalogsync's Leases saying what each is: [`LEASE_TYPE_MEMBER`] or
+/// [`LEASE_TYPE_SHARD`].
+pub const LEASE_TYPE_LABEL: &str = "catalogsync.kyma-project.io/lease-type";
+/// [`LEASE_TYPE_LABEL`] value of a replica's member Lease.
+pub const LEASE_TYPE_MEMBER: &str = "member";
+/// [`LEASE_TYPE_LABEL`] value of a shard Lease.
+pub const LEASE_TYPE_SHARD: &str = "shard";
+/// Annotation on a shard Lease naming the replica the coordinator wants to hold it.
+pub const DESIRED_HOLDER_ANNOTATION: &str = "catalogsync.kyma-project.io/desired-holder";
+/// Annotation on a shard Lease: when the coordinator last changed the desired holder
+/// (RFC 3339), the start of a handover.
+pub const HANDOVER_STARTED_ANNOTATION: &str = "catalogsync.kyma-project.io/handover-started";
+/// Name of the coordinator election Lease.
+pub const COORDINATOR_LEASE: &str = "catalogsync-coordinator";
+
+/// Name of the member Lease of replica `identity`.
+pub fn member_lease_name(identity: &str) -> String {
+    format!("catalogsync-member-{identity}")
+}
+
+/// Name of the Lease of shard `shard`.
+pub fn shard_lease_name(shard: u32) -> String {
+    format!("catalogsync-shard-{shard}")
+}

@@ -1,6 +1,42 @@
-//! Which Kymas this replica may sync. This is the one filter the sync path asks; sharding
-//! plugs in here (Leases, consistent hashing, handover).
+//! Sharding: which Kymas this replica may sync.
+//!
+//! - [`ring`]: pure Kyma → shard mapping and capped consistent-hash assignment of shards to
+//!   replicas;
+//! - [`handover`]: the pure transition rules of one shard;
+//! - [`view`]: the ownership gate the sync path checks;
+//! - [`lease`], [`membership`], [`agent`], [`coordinator`]: the Lease I/O.
+//!
+//! See `docs/architecture.md` for the protocol and why it never lets two replicas write to
+//! one SKR.
 
+pub mod agent;
+pub mod coordinator;
+pub mod handover;
+pub mod lease;
+pub mod membership;
+pub mod ring;
 pub mod view;
 
-pub use view::ShardView;
+use std::time::Duration;
+
+pub use view::{ShardView, SyncGuard};
+
+/// Lease timings.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// How long a member Lease is valid after its renewal.
+    pub lease_duration: Duration,
+    /// How long after its last successful renewal a replica keeps writing to SKRs.
+    pub renew_deadline: Duration,
+    /// How often Leases are renewed and re-evaluated.
+    pub retry_period: Duration,
+    /// Longest wait for in-flight syncs of a shard before it is released.
+    pub drain_timeout: Duration,
+}
+
+impl Timing {
+    /// The lease duration in whole seconds, as Leases store it.
+    pub fn lease_secs(&self) -> i32 {
+        i32::try_from(self.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX)
+    }
+}

@@ -12,9 +12,12 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use crate::api::{KUBECONFIG_KEY, KYMA_NAME_LABEL};
 use crate::error::{Error, Result};
 
-/// Timeouts applied to every SKR client.
-#[derive(Debug, Clone, Copy)]
+/// Settings applied to every SKR client.
+#[derive(Debug, Clone)]
 pub struct AccessTimeouts {
+    /// User-Agent of every request, `catalogsync/<version> (<replica>)`, so SKR audit logs
+    /// tell replicas apart.
+    pub user_agent: String,
     /// TCP and TLS connect timeout.
     pub connect: Duration,
     /// Read and write timeout of one request.
@@ -54,7 +57,7 @@ pub fn find_access_secret<'a>(
 /// # Errors
 /// [`Error::AccessSecretInvalid`] when the key is missing, is not a kubeconfig, or names no
 /// usable cluster and credentials.
-pub async fn client_from_secret(secret: &Secret, timeouts: AccessTimeouts) -> Result<Client> {
+pub async fn client_from_secret(secret: &Secret, timeouts: &AccessTimeouts) -> Result<Client> {
     let name = secret.metadata.name.clone().unwrap_or_default();
     let invalid = |reason: String| Error::AccessSecretInvalid { name: name.clone(), reason };
     let bytes =
@@ -67,6 +70,9 @@ pub async fn client_from_secret(secret: &Secret, timeouts: AccessTimeouts) -> Re
     config.connect_timeout = Some(timeouts.connect);
     config.read_timeout = Some(timeouts.request);
     config.write_timeout = Some(timeouts.request);
+    if let Ok(agent) = http::HeaderValue::from_str(&timeouts.user_agent) {
+        config.headers.push((http::header::USER_AGENT, agent));
+    }
     Client::try_from(config).map_err(|e| invalid(format!("no client can be built from it: {e}")))
 }
 
@@ -104,7 +110,11 @@ mod tests {
 
     #[tokio::test]
     async fn malformed_kubeconfig_is_invalid_not_a_crash() {
-        let timeouts = AccessTimeouts { connect: Duration::from_secs(1), request: Duration::from_secs(1) };
+        let timeouts = &AccessTimeouts {
+            user_agent: "catalogsync/test".into(),
+            connect: Duration::from_secs(1),
+            request: Duration::from_secs(1),
+        };
         let mut s =
             Secret { metadata: ObjectMeta { name: Some("s".into()), ..ObjectMeta::default() }, ..Secret::default() };
         assert!(matches!(client_from_secret(&s, timeouts).await, Err(Error::AccessSecretInvalid { .. })));

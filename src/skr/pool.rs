@@ -82,7 +82,7 @@ impl SkrPool {
             .get(&name)
             .await
             .map_err(|source| Error::ReadAccessSecret { name: name.clone(), source: Box::new(source) })?;
-        let client = client_from_secret(&full, self.timeouts).await?;
+        let client = client_from_secret(&full, &self.timeouts).await?;
         let entry = Arc::new(SkrEntry { secret_version: version, client, state: tokio::sync::Mutex::default() });
         let replaced = self.lock().insert(kyma.to_owned(), Arc::clone(&entry));
         if replaced.is_some() {

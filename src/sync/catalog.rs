@@ -53,6 +53,7 @@ impl CatalogStores {
     /// # Errors
     /// Fails when a store's writer was dropped before it became ready.
     pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        // Only this function waits on these stores, so each readiness signal has one waiter.
         self.templates.wait_until_ready().await?;
         self.release_metas.wait_until_ready().await?;
         for store in &self.crds {

@@ -89,6 +89,9 @@ pub struct SkrTarget<'a> {
     pub namespace: &'a str,
     /// Most requests in flight at once.
     pub concurrency: usize,
+    /// Bound of every single request, from the ownership check to the response. A request
+    /// that is cut off is dropped, so nothing is sent later than this after the check.
+    pub request_timeout: Duration,
     /// Request metrics.
     pub metrics: &'a SkrClientMetrics,
     /// Checked right before every write; false aborts the sync with
@@ -112,6 +115,17 @@ fn is_not_found(err: &kube::Error) -> bool {
 }
 
 impl SkrTarget<'_> {
+    /// Bounds one SKR request by the request timeout.
+    async fn bounded<T>(&self, request: impl Future<Output = Result<T, kube::Error>>) -> Result<T, kube::Error> {
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Ok(result) => result,
+            Err(_) => Err(kube::Error::Service(Box::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {:?}", self.request_timeout),
+            )))),
+        }
+    }
+
     fn check_ownership(&self) -> Result<()> {
         if (self.may_write)() { Ok(()) } else { Err(Error::OwnershipLost) }
     }
@@ -209,7 +223,7 @@ impl SkrTarget<'_> {
                 let api = api.clone();
                 async move {
                     self.check_ownership()?;
-                    let res = api.delete(&name, &DeleteParams::default()).await;
+                    let res = self.bounded(api.delete(&name, &DeleteParams::default())).await;
                     self.metrics.record("delete", &res);
                     match res {
                         Ok(_) => Ok(name),
@@ -235,7 +249,7 @@ impl SkrTarget<'_> {
     async fn apply_one(&self, api: &Api<DynamicObject>, kind: CatalogKind, obj: &DesiredObject) -> Result<String> {
         let wrap = |source| Error::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
         self.check_ownership()?;
-        let res = api.patch(&obj.name, &apply_params(), &Patch::Apply(&*obj.payload)).await;
+        let res = self.bounded(api.patch(&obj.name, &apply_params(), &Patch::Apply(&*obj.payload))).await;
         self.metrics.record("apply", &res);
         let applied = res.map_err(wrap)?;
         let observed = serde_json::to_value(&applied).unwrap_or_default();
@@ -254,7 +268,7 @@ impl SkrTarget<'_> {
         body["metadata"]["resourceVersion"] = json!(applied.resource_version());
         let replacement: DynamicObject = serde_json::from_value(body).map_err(|e| wrap(kube::Error::SerdeError(e)))?;
         let params = PostParams { field_manager: Some(SKR_FIELD_MANAGER.to_owned()), ..PostParams::default() };
-        let res = api.replace(&obj.name, &params, &replacement).await;
+        let res = self.bounded(api.replace(&obj.name, &params, &replacement)).await;
         self.metrics.record("replace", &res);
         Ok(res.map_err(wrap)?.resource_version().unwrap_or_default())
     }
@@ -264,7 +278,7 @@ impl SkrTarget<'_> {
         let lp = ListParams::default();
         let wrap = |source| Error::ListSkrObjects { kind, source: Box::new(source) };
         if full {
-            let res = api.list(&lp).await;
+            let res = self.bounded(api.list(&lp)).await;
             self.metrics.record("list", &res);
             Ok(res
                 .map_err(wrap)?
@@ -278,7 +292,7 @@ impl SkrTarget<'_> {
                 })
                 .collect())
         } else {
-            let res = api.list_metadata(&lp).await;
+            let res = self.bounded(api.list_metadata(&lp)).await;
             self.metrics.record("list", &res);
             Ok(res
                 .map_err(wrap)?
@@ -299,7 +313,7 @@ impl SkrTarget<'_> {
         let api: Api<Namespace> = Api::all(self.client.clone());
         let wrap =
             |source| Error::EnsureSkrNamespace { namespace: self.namespace.to_owned(), source: Box::new(source) };
-        let res = api.get_metadata_opt(self.namespace).await;
+        let res = self.bounded(api.get_metadata_opt(self.namespace)).await;
         self.metrics.record("get", &res);
         if res.map_err(wrap)?.is_some() {
             return Ok(0);
@@ -310,7 +324,7 @@ impl SkrTarget<'_> {
             "kind": "Namespace",
             "metadata": {"name": self.namespace, "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE}},
         });
-        let res = api.patch(self.namespace, &apply_params(), &Patch::Apply(&body)).await;
+        let res = self.bounded(api.patch(self.namespace, &apply_params(), &Patch::Apply(&body))).await;
         self.metrics.record("apply", &res);
         res.map_err(wrap)?;
         Ok(1)
@@ -324,7 +338,7 @@ impl SkrTarget<'_> {
         for (name, body) in &crds.bodies {
             let body = body.as_ref().ok_or_else(|| Error::KcpCrdMissing { name: name.clone() })?;
             let wrap = |source| Error::EnsureSkrCrd { name: name.clone(), source: Box::new(source) };
-            let res = api.get_opt(name).await;
+            let res = self.bounded(api.get_opt(name)).await;
             self.metrics.record("get", &res);
             let current = res.map_err(wrap)?;
             let up_to_date = current.as_ref().is_some_and(|c| {
@@ -336,7 +350,7 @@ impl SkrTarget<'_> {
                 continue;
             }
             self.check_ownership()?;
-            let res = api.patch(name, &apply_params(), &Patch::Apply(&**body)).await;
+            let res = self.bounded(api.patch(name, &apply_params(), &Patch::Apply(&**body))).await;
             self.metrics.record("apply", &res);
             res.map_err(wrap)?;
             writes += 1;

@@ -42,6 +42,8 @@ pub struct Settings {
     pub resync_jitter: f64,
     /// Requests in flight per SKR.
     pub skr_concurrency: usize,
+    /// Bound of one SKR request.
+    pub skr_request_timeout: Duration,
     /// Timeout of one whole sync.
     pub sync_timeout: Duration,
     /// First backoff delay.
@@ -173,11 +175,12 @@ pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
         debug!(reason, "Leaving Kyma alone");
         return Ok(Action::await_change());
     }
-    if !ctx.shards.owns(&namespace, &name) {
+    // Counted as in flight until the end of the sync, so a shard handover waits for it.
+    let Some(_in_flight) = ctx.shards.begin(&namespace, &name) else {
         ctx.pool.evict(&name, "released");
         set_depth(&ctx, ctx.book.forget(&name));
         return Ok(Action::await_change());
-    }
+    };
 
     let timer = ctx.metrics.sync.measure();
     let catalog = Arc::clone(&ctx.catalog.borrow());
@@ -288,6 +291,7 @@ async fn sync_skr(
         client: &entry.client,
         namespace: &ctx.settings.sync_namespace,
         concurrency: ctx.settings.skr_concurrency,
+        request_timeout: ctx.settings.skr_request_timeout,
         metrics: &ctx.metrics.skr,
         may_write: &may_write,
     };

@@ -1,20 +1,27 @@
 //! The kube-apiserver audit log: the policy the harness installs and the parsed events.
 //!
 //! Every request is logged at level `Metadata` (who, what, which object, the response code;
-//! no bodies), once per stage after `RequestReceived` (so normally one `ResponseComplete`
-//! event per request, plus `ResponseStarted` for watches). The log backend runs in
-//! `blocking` mode, so an event is in the file before its response reaches the client.
+//! no bodies; Leases with their bodies, see [`AUDIT_POLICY`]), once per stage after
+//! `RequestReceived` (so normally one `ResponseComplete` event per request, plus
+//! `ResponseStarted` for watches). The log backend runs in `blocking` mode, so an event is in
+//! the file before its response reaches the client.
 
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
 use serde::Deserialize;
 
-/// The audit policy: everything at `Metadata`, without the `RequestReceived` stage.
+/// The audit policy, without the `RequestReceived` stage: Leases (`coordination.k8s.io`) at
+/// `RequestResponse`, so the log holds their bodies (holder, renew time, annotations; see
+/// `invariants.rs`), and everything else at `Metadata`. Rules are first-match.
 pub const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
+- level: RequestResponse
+  resources:
+  - group: coordination.k8s.io
+    resources: [leases]
 - level: Metadata
 ";
 

@@ -270,9 +270,27 @@ impl Scenario {
             "3s",
             "--sync-timeout",
             "15s",
+            "--lease-namespace",
+            &self.ns,
+            "--shards",
+            "4",
+            "--lease-duration",
+            "8s",
+            "--renew-deadline",
+            "4s",
+            "--retry-period",
+            "500ms",
+            "--drain-timeout",
+            "3s",
         ];
         args.extend_from_slice(extra);
-        let cs = Catalogsync::spawn_bin(&super::catalogsync_bin(), &args, &[], &kubeconfig, Some(self.dir.path()))?;
+        let cs = Catalogsync::spawn_bin(
+            &super::catalogsync_bin(),
+            &args,
+            &[("CATALOGSYNC_LOG", "info,catalogsync=debug,kube_runtime=debug")],
+            &kubeconfig,
+            Some(self.dir.path()),
+        )?;
         self.catalogsync = Some(cs);
         Ok(())
     }

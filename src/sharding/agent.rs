@@ -1,0 +1,286 @@
+//! The shard agent: applies the [`handover`](crate::sharding::handover) rules to every shard
+//! Lease: claims shards the coordinator assigned here, drains and releases shards assigned
+//! elsewhere, drops shards taken away, and on shutdown releases everything it holds.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, ResourceExt};
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::api::Kyma;
+use crate::metrics::ShardMetrics;
+use crate::sharding::handover::{Action, Facts, Local, decide};
+use crate::sharding::lease::{self, handover_started, is_shard, shard_number, with_holder};
+use crate::sharding::{ShardView, Timing};
+
+/// Called with the Kymas of a shard this replica stopped working on (to drop their clients).
+pub type OnRelease = Arc<dyn Fn(&[ObjectRef<Kyma>]) + Send + Sync>;
+
+/// One row of the shard view served at `/debug/shards`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ShardRow {
+    /// Shard number.
+    pub shard: u32,
+    /// Holder in the Lease.
+    pub holder: String,
+    /// Desired holder set by the coordinator.
+    pub desired: String,
+    /// This replica's state: idle, active or draining.
+    pub state: &'static str,
+    /// Syncs in flight here.
+    pub in_flight: usize,
+    /// Kymas in the shard.
+    pub clusters: usize,
+}
+
+/// The shard view of one replica.
+#[derive(Debug, Clone, Serialize, Default, PartialEq, Eq)]
+pub struct ShardsDebug {
+    /// Replica identity.
+    pub identity: String,
+    /// Whether this replica is the coordinator.
+    pub is_coordinator: bool,
+    /// Whether SKR writes are fenced.
+    pub fenced: bool,
+    /// Number of shards.
+    pub shards: u32,
+    /// Per shard.
+    pub rows: Vec<ShardRow>,
+}
+
+/// The agent's inputs and state.
+pub struct Agent {
+    /// Lease API in the lease namespace.
+    pub api: Api<Lease>,
+    /// This replica.
+    pub identity: String,
+    /// Ownership gate.
+    pub view: ShardView,
+    /// Timings.
+    pub timing: Timing,
+    /// Lease cache.
+    pub leases: Store<Lease>,
+    /// Kyma cache.
+    pub kymas: Store<Kyma>,
+    /// Where Kymas of a claimed shard are requeued.
+    pub requeue: mpsc::Sender<ObjectRef<Kyma>>,
+    /// Called for the Kymas of a shard given up.
+    pub on_release: OnRelease,
+    /// Metrics.
+    pub metrics: ShardMetrics,
+    /// Published shard view.
+    pub debug: watch::Sender<ShardsDebug>,
+}
+
+struct Written {
+    /// resourceVersion of the Lease the write replaced.
+    base: String,
+    lease: Lease,
+}
+
+impl Agent {
+    /// Runs until `token` is cancelled, then releases every shard it holds.
+    pub async fn run(self, mut changed: watch::Receiver<()>, token: CancellationToken) {
+        let shards = self.view.shards() as usize;
+        let mut local = vec![Local::Idle; shards];
+        let mut written: HashMap<u32, Written> = HashMap::new();
+        loop {
+            self.tick(&mut local, &mut written).await;
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { break },
+                () = self.view.sync_ended() => {}
+                () = tokio::time::sleep(self.timing.retry_period) => {}
+                () = token.cancelled() => break,
+            }
+        }
+        self.release_all(&mut local, &mut written).await;
+    }
+
+    /// The freshest known Lease of each shard: the cache, or what this replica wrote when the
+    /// cache has not caught up with it yet.
+    fn current(&self, written: &mut HashMap<u32, Written>) -> BTreeMap<u32, Lease> {
+        let mut out: BTreeMap<u32, Lease> = self
+            .leases
+            .state()
+            .iter()
+            .filter(|l| is_shard(l))
+            .filter_map(|l| Some((shard_number(l)?, (**l).clone())))
+            .collect();
+        written.retain(|shard, w| match out.get(shard) {
+            Some(cached) if cached.resource_version().as_deref() == Some(w.base.as_str()) => {
+                out.insert(*shard, w.lease.clone());
+                true
+            }
+            _ => false,
+        });
+        out
+    }
+
+    async fn tick(&self, local: &mut [Local], written: &mut HashMap<u32, Written>) {
+        let leases = self.current(written);
+        let fenced = self.view.is_fenced() || self.view.is_stopping();
+        let now = Instant::now();
+        for shard in 0..self.view.shards() {
+            let idx = shard as usize;
+            let Some(lease) = leases.get(&shard) else {
+                if local[idx] != Local::Idle {
+                    self.drop_shard(shard, local, "dropped");
+                }
+                continue;
+            };
+            let facts = Facts {
+                me: &self.identity,
+                now,
+                fenced,
+                in_flight: self.view.in_flight(shard),
+                drain_timeout: self.timing.drain_timeout,
+            };
+            match decide(&lease::state(lease), local[idx], facts) {
+                Action::None => {}
+                Action::Claim => {
+                    let next = with_holder(lease, &self.identity, Timestamp::now());
+                    match self.write(shard, lease, next, written).await {
+                        Ok(()) => {
+                            if let Some(started) = handover_started(lease) {
+                                let secs = Timestamp::now().duration_since(started).as_secs_f64();
+                                self.metrics.handover_duration.observe(secs.max(0.0));
+                            }
+                            self.activate(shard, local, "claimed").await;
+                        }
+                        Err(error) => {
+                            debug!(shard, error = &error as &dyn std::error::Error, "Lost the race to claim a shard")
+                        }
+                    }
+                }
+                Action::Resume => self.activate(shard, local, "resumed").await,
+                Action::StartDrain => {
+                    self.view.set_active(shard, false);
+                    local[idx] = Local::Draining(now);
+                    self.metrics.handovers.with_label_values(&["drained"]).inc();
+                    info!(shard, in_flight = facts.in_flight, "Draining shard");
+                }
+                Action::Release => {
+                    let next = with_holder(lease, "", Timestamp::now());
+                    match self.write(shard, lease, next, written).await {
+                        Ok(()) => self.drop_shard(shard, local, "released"),
+                        Err(error) => warn!(shard, error = &error as &dyn std::error::Error, "Failed to release shard"),
+                    }
+                }
+                Action::Drop => self.drop_shard(shard, local, "dropped"),
+            }
+        }
+        self.publish(&leases, local);
+    }
+
+    async fn write(
+        &self,
+        shard: u32,
+        base: &Lease,
+        next: Lease,
+        written: &mut HashMap<u32, Written>,
+    ) -> Result<(), kube::Error> {
+        let result = lease::write(&self.api, &next).await?;
+        written.insert(shard, Written { base: base.resource_version().unwrap_or_default(), lease: result });
+        Ok(())
+    }
+
+    async fn activate(&self, shard: u32, local: &mut [Local], op: &'static str) {
+        local[shard as usize] = Local::Active;
+        self.view.set_active(shard, true);
+        self.metrics.handovers.with_label_values(&[op]).inc();
+        let kymas = self.kymas_of(shard);
+        info!(shard, clusters = kymas.len(), op, "Took over shard");
+        // Sync every SKR of the shard now: a previous holder may have been interrupted.
+        for kyma in kymas {
+            if self.requeue.send(kyma).await.is_err() {
+                break;
+            }
+        }
+    }
+
+    fn drop_shard(&self, shard: u32, local: &mut [Local], op: &'static str) {
+        local[shard as usize] = Local::Idle;
+        self.view.set_active(shard, false);
+        self.metrics.handovers.with_label_values(&[op]).inc();
+        (self.on_release)(&self.kymas_of(shard));
+        info!(shard, op, "Gave up shard");
+    }
+
+    fn kymas_of(&self, shard: u32) -> Vec<ObjectRef<Kyma>> {
+        self.kymas
+            .state()
+            .iter()
+            .filter(|k| self.view.shard_of(&k.namespace().unwrap_or_default(), &k.name_any()) == shard)
+            .map(|k| ObjectRef::from_obj(&**k))
+            .collect()
+    }
+
+    fn publish(&self, leases: &BTreeMap<u32, Lease>, local: &[Local]) {
+        let mut counts: BTreeMap<u32, usize> = BTreeMap::new();
+        for k in self.kymas.state() {
+            *counts.entry(self.view.shard_of(&k.namespace().unwrap_or_default(), &k.name_any())).or_default() += 1;
+        }
+        self.metrics.owned_clusters.reset();
+        let mut held = 0;
+        let rows = (0..self.view.shards())
+            .map(|shard| {
+                let st = leases.get(&shard).map(lease::state).unwrap_or_default();
+                let clusters = counts.get(&shard).copied().unwrap_or(0);
+                let state = match local[shard as usize] {
+                    Local::Idle => "idle",
+                    Local::Active => {
+                        held += 1;
+                        self.metrics.owned_clusters.with_label_values(&[&shard.to_string()]).set(clusters as i64);
+                        "active"
+                    }
+                    Local::Draining(_) => "draining",
+                };
+                ShardRow {
+                    shard,
+                    holder: st.holder,
+                    desired: st.desired,
+                    state,
+                    in_flight: self.view.in_flight(shard),
+                    clusters,
+                }
+            })
+            .collect();
+        self.metrics.held.set(held);
+        self.debug.send_replace(ShardsDebug {
+            identity: self.identity.clone(),
+            is_coordinator: self.metrics.is_coordinator.get() == 1,
+            fenced: self.view.is_fenced(),
+            shards: self.view.shards(),
+            rows,
+        });
+    }
+
+    async fn release_all(&self, local: &mut [Local], written: &mut HashMap<u32, Written>) {
+        self.view.stop();
+        let leases = self.current(written);
+        for shard in 0..self.view.shards() {
+            if local[shard as usize] == Local::Idle {
+                continue;
+            }
+            let Some(lease) = leases.get(&shard) else { continue };
+            if lease::state(lease).holder != self.identity {
+                continue;
+            }
+            match lease::write(&self.api, &with_holder(lease, "", Timestamp::now())).await {
+                Ok(_) => self.drop_shard(shard, local, "released"),
+                Err(error) => {
+                    warn!(shard, error = &error as &dyn std::error::Error, "Failed to release shard on shutdown")
+                }
+            }
+        }
+        info!("Released all shards");
+    }
+}

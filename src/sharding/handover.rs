@@ -1,0 +1,156 @@
+//! The handover rules as a pure function: what a replica does with one shard, given the
+//! shard Lease as last seen, its own state for the shard, and the time.
+//!
+//! ```text
+//!            desired = me, holder = ""              desired ≠ me
+//!   Idle ────────────── Claim ──────▶ Active ─────────── StartDrain ──▶ Draining
+//!    ▲                                  │                                  │ in flight = 0
+//!    │            holder ≠ me (lost)    │                                  │ or drain timeout
+//!    └───────────────── Drop ───────────┘◀──────────── Release ────────────┘
+//! ```
+//!
+//! A replica never claims while fenced, claims only an unheld shard (the write carries the
+//! Lease's resourceVersion, so two claimers cannot both win), and releases only after its
+//! syncs of the shard finished or the drain timeout passed (no new SKR write starts once a
+//! drain began, and every request is bounded by the SKR request timeout, which the drain
+//! timeout must not undercut).
+
+use tokio::time::{Duration, Instant};
+
+/// The parts of a shard Lease the rules read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaseState {
+    /// `spec.holderIdentity`; empty when unheld.
+    pub holder: String,
+    /// The coordinator's desired holder annotation; empty when none.
+    pub desired: String,
+}
+
+/// This replica's state for one shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Local {
+    /// Not working on the shard.
+    #[default]
+    Idle,
+    /// Holding the Lease and syncing the shard's SKRs.
+    Active,
+    /// Holding the Lease, taking no new syncs, waiting for in-flight ones since the instant.
+    Draining(Instant),
+}
+
+/// What to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing.
+    None,
+    /// Write the Lease with this replica as holder (resourceVersion precondition).
+    Claim,
+    /// The Lease already names this replica (a restart under the same identity): work on it.
+    Resume,
+    /// Stop taking new syncs of the shard and wait for in-flight ones.
+    StartDrain,
+    /// Write the Lease with an empty holder (resourceVersion precondition).
+    Release,
+    /// The Lease names someone else: stop working on the shard at once.
+    Drop,
+}
+
+/// Inputs besides the Lease and local state.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    /// This replica's identity.
+    pub me: &'a str,
+    /// Now.
+    pub now: Instant,
+    /// Whether this replica is fenced (member Lease not renewed in time) or stopping.
+    pub fenced: bool,
+    /// Syncs of the shard in flight here.
+    pub in_flight: usize,
+    /// Longest wait for in-flight syncs before releasing anyway.
+    pub drain_timeout: Duration,
+}
+
+/// Decides the next step for one shard.
+pub fn decide(lease: &LeaseState, local: Local, facts: Facts<'_>) -> Action {
+    let mine = lease.holder == facts.me;
+    let wanted_here = lease.desired == facts.me || (lease.desired.is_empty() && mine);
+    match local {
+        Local::Active | Local::Draining(_) if !mine => Action::Drop,
+        Local::Active if facts.fenced => Action::None,
+        Local::Active if !wanted_here => Action::StartDrain,
+        Local::Active => Action::None,
+        Local::Draining(since) => {
+            let drained = facts.in_flight == 0 || facts.now.saturating_duration_since(since) >= facts.drain_timeout;
+            if drained { Action::Release } else { Action::None }
+        }
+        Local::Idle if facts.fenced => Action::None,
+        Local::Idle if mine && wanted_here => Action::Resume,
+        // Held by this identity but wanted elsewhere (a restart mid-handover): let it go.
+        Local::Idle if mine => Action::Release,
+        Local::Idle if lease.holder.is_empty() && lease.desired == facts.me => Action::Claim,
+        Local::Idle => Action::None,
+    }
+}
+
+/// Whether the coordinator may release a shard whose holder is `holder`: only when the
+/// holder's member Lease expired (or is gone), measured on the coordinator's clock. The
+/// holder fenced itself at least `lease duration - renew deadline` earlier.
+pub fn may_force_release(holder: &str, holder_alive: bool) -> bool {
+    !holder.is_empty() && !holder_alive
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(holder: &str, desired: &str) -> LeaseState {
+        LeaseState { holder: holder.into(), desired: desired.into() }
+    }
+
+    fn facts(now: Instant, in_flight: usize, fenced: bool) -> Facts<'static> {
+        Facts { me: "a", now, fenced, in_flight, drain_timeout: Duration::from_secs(10) }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn claims_only_an_unheld_shard_desired_here() {
+        let now = Instant::now();
+        assert_eq!(decide(&lease("", "a"), Local::Idle, facts(now, 0, false)), Action::Claim);
+        assert_eq!(decide(&lease("b", "a"), Local::Idle, facts(now, 0, false)), Action::None);
+        assert_eq!(decide(&lease("", "b"), Local::Idle, facts(now, 0, false)), Action::None);
+        assert_eq!(decide(&lease("", "a"), Local::Idle, facts(now, 0, true)), Action::None, "never while fenced");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drains_then_releases_when_idle_or_after_the_timeout() {
+        let start = Instant::now();
+        assert_eq!(decide(&lease("a", "b"), Local::Active, facts(start, 2, false)), Action::StartDrain);
+        let draining = Local::Draining(start);
+        assert_eq!(decide(&lease("a", "b"), draining, facts(start, 2, false)), Action::None);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(decide(&lease("a", "b"), draining, facts(Instant::now(), 0, false)), Action::Release);
+        tokio::time::advance(Duration::from_secs(7)).await;
+        assert_eq!(
+            decide(&lease("a", "b"), draining, facts(Instant::now(), 1, false)),
+            Action::Release,
+            "the drain timeout bounds the wait"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drops_a_shard_taken_away_and_resumes_its_own() {
+        let now = Instant::now();
+        assert_eq!(decide(&lease("", "b"), Local::Active, facts(now, 0, false)), Action::Drop);
+        assert_eq!(decide(&lease("b", "b"), Local::Draining(now), facts(now, 1, false)), Action::Drop);
+        assert_eq!(decide(&lease("a", "a"), Local::Idle, facts(now, 0, false)), Action::Resume);
+        assert_eq!(decide(&lease("a", ""), Local::Idle, facts(now, 0, false)), Action::Resume);
+        assert_eq!(decide(&lease("a", "b"), Local::Idle, facts(now, 0, false)), Action::Release);
+        assert_eq!(decide(&lease("a", "a"), Local::Active, facts(now, 0, false)), Action::None);
+    }
+
+    #[test]
+    fn force_release_needs_a_dead_holder() {
+        assert!(may_force_release("b", false));
+        assert!(!may_force_release("b", true));
+        assert!(!may_force_release("", false));
+    }
+}
