@@ -25,6 +25,23 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Print the CRDs of Kyma, ModuleTemplate and ModuleReleaseMeta as YAML.
     Crds,
+    /// Print the current shard assignment (shard, holder, desired holder, SKR count) from the
+    /// Leases, using the current kubeconfig.
+    Shards(ShardsArgs),
+}
+
+/// Flags of `catalogsync shards`.
+#[derive(Debug, Clone, Args)]
+pub struct ShardsArgs {
+    /// Namespace of catalogsync's Leases.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "catalogsync-system")]
+    pub lease_namespace: String,
+    /// Namespace of the Kymas.
+    #[arg(long, env = "CATALOGSYNC_KCP_NAMESPACE", default_value = "kcp-system")]
+    pub kcp_namespace: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Log output format.

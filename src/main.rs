@@ -20,6 +20,13 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Shards(args) => match print_shards(&args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Run(args) => {
             if let Err(err) = catalogsync::telemetry::init(args.log_format, &args.log_filter) {
                 eprintln!("error: failed to set up logging: {err}");
@@ -35,4 +42,18 @@ async fn main() -> ExitCode {
             }
         }
     }
+}
+
+async fn print_shards(args: &catalogsync::config::ShardsArgs) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let client = kube::Client::try_default().await.context("failed to create a client from the kubeconfig")?;
+    let table = catalogsync::sharding::table::read(&client, &args.lease_namespace, &args.kcp_namespace)
+        .await
+        .context("failed to read the Leases and Kymas")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&table)?);
+    } else {
+        print!("{}", catalogsync::sharding::table::render(&table));
+    }
+    Ok(())
 }

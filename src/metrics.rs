@@ -136,18 +136,18 @@ impl ShardMetrics {
 /// Metrics of SKR syncs.
 #[derive(Clone)]
 pub struct SyncMetrics {
-    /// `catalogsync_sync_runs_total{result}`.
+    /// `catalogsync_sync_runs_total{shard,result}`.
     pub runs: IntCounterVec,
-    /// `catalogsync_sync_errors_total{reason}`.
+    /// `catalogsync_sync_errors_total{shard,reason}`.
     pub errors: IntCounterVec,
-    /// `catalogsync_sync_duration_seconds`.
-    pub duration: Histogram,
+    /// `catalogsync_sync_duration_seconds{shard}`.
+    pub duration: prometheus::HistogramVec,
     /// `catalogsync_sync_objects_total{kind,op}`.
     pub objects: IntCounterVec,
     /// `catalogsync_syncs_in_flight`.
     pub in_flight: IntGauge,
-    /// `catalogsync_queue_depth`.
-    pub queue_depth: IntGauge,
+    /// `catalogsync_queue_depth{shard}`.
+    pub queue_depth: IntGaugeVec,
     /// `catalogsync_kyma_condition_writes_total{status}`.
     pub condition_writes: IntCounterVec,
     /// `catalogsync_kymas_skipped_total{reason}`.
@@ -202,9 +202,10 @@ impl SyncMetrics {
     /// # Errors
     /// Fails when a metric is registered twice.
     pub fn register(r: &Registry) -> prometheus::Result<Self> {
-        let duration = Histogram::with_opts(
+        let duration = prometheus::HistogramVec::new(
             HistogramOpts::new("catalogsync_sync_duration_seconds", "Duration of one sync of one SKR, in seconds.")
                 .buckets(SYNC_BUCKETS.to_vec()),
+            &["shard"],
         )?;
         r.register(Box::new(duration.clone()))?;
         Ok(Self {
@@ -217,8 +218,8 @@ impl SyncMetrics {
             errors: counter_vec(
                 r,
                 "catalogsync_sync_errors_total",
-                "Failed syncs, by ModuleCatalog condition reason.",
-                &["reason"],
+                "Failed syncs, by shard and ModuleCatalog condition reason.",
+                &["shard", "reason"],
             )?,
             duration,
             objects: counter_vec(
@@ -228,10 +229,11 @@ impl SyncMetrics {
                 &["kind", "op"],
             )?,
             in_flight: gauge(r, "catalogsync_syncs_in_flight", "SKR syncs running now.")?,
-            queue_depth: gauge(
+            queue_depth: gauge_vec(
                 r,
                 "catalogsync_queue_depth",
-                "Kymas requeued for a catalog change whose sync has not finished yet.",
+                "Kymas requeued for a catalog change whose sync has not finished yet, by shard.",
+                &["shard"],
             )?,
             condition_writes: counter_vec(
                 r,
@@ -248,22 +250,31 @@ impl SyncMetrics {
         })
     }
 
-    /// Starts timing a sync; the returned guard records the duration when dropped.
-    pub fn measure(&self) -> SyncTimer {
+    /// Starts timing a sync of a Kyma in `shard`; the returned guard records the duration
+    /// when dropped.
+    pub fn measure(&self, shard: u32) -> SyncTimer {
         self.in_flight.inc();
-        SyncTimer { start: Instant::now(), metrics: self.clone() }
+        SyncTimer { start: Instant::now(), shard: shard.to_string(), metrics: self.clone() }
     }
 }
 
 /// Records a sync's duration and in-flight count when dropped.
 pub struct SyncTimer {
     start: Instant,
+    shard: String,
     metrics: SyncMetrics,
+}
+
+impl SyncTimer {
+    /// The shard label value.
+    pub fn shard(&self) -> &str {
+        &self.shard
+    }
 }
 
 impl Drop for SyncTimer {
     fn drop(&mut self) {
-        self.metrics.duration.observe(self.start.elapsed().as_secs_f64());
+        self.metrics.duration.with_label_values(&[self.shard.as_str()]).observe(self.start.elapsed().as_secs_f64());
         self.metrics.in_flight.dec();
     }
 }

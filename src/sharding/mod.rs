@@ -15,6 +15,7 @@ pub mod handover;
 pub mod lease;
 pub mod membership;
 pub mod ring;
+pub mod table;
 pub mod view;
 
 use std::time::Duration;

@@ -206,8 +206,8 @@ async fn requeue_affected(
         if ctx.book.synced_fingerprint(&name) == Some(sync_fingerprint(&desired, state)) {
             continue;
         }
-        let depth = ctx.book.mark_pending(&name);
-        ctx.metrics.sync.queue_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
+        let depth = ctx.book.mark_pending(&name, ctx.shards.shard_of(&namespace, &name));
+        crate::sync::reconciler::set_depth(ctx, Some(depth));
         if requeue.send(ObjectRef::from_obj(&*kyma)).await.is_err() {
             return n;
         }

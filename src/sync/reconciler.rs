@@ -1,7 +1,7 @@
 //! The Kyma controller: one reconcile syncs one SKR and reports the result in the Kyma's
 //! `ModuleCatalog` condition, the only KCP write catalogsync makes.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -80,7 +80,17 @@ pub struct Context {
 pub struct Book {
     failures: Mutex<HashMap<String, u32>>,
     synced: Mutex<HashMap<String, u64>>,
-    pending: Mutex<HashSet<String>>,
+    /// Pending Kyma -> its shard.
+    pending: Mutex<HashMap<String, u32>>,
+}
+
+/// The queue depth of one shard after a change.
+#[derive(Debug, Clone, Copy)]
+pub struct Depth {
+    /// Shard.
+    pub shard: u32,
+    /// Pending Kymas in it.
+    pub depth: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -94,14 +104,14 @@ impl Book {
         lock(&self.synced).get(kyma).copied()
     }
 
-    /// Marks `kyma` as requeued for a catalog change; returns the queue depth.
-    pub fn mark_pending(&self, kyma: &str) -> usize {
+    /// Marks `kyma` (of `shard`) as requeued; returns the queue depth of its shard.
+    pub fn mark_pending(&self, kyma: &str, shard: u32) -> Depth {
         let mut p = lock(&self.pending);
-        p.insert(kyma.to_owned());
-        p.len()
+        p.insert(kyma.to_owned(), shard);
+        Depth { shard, depth: p.values().filter(|s| **s == shard).count() }
     }
 
-    fn finish(&self, kyma: &str, synced: Option<u64>) -> usize {
+    fn finish(&self, kyma: &str, synced: Option<u64>) -> Option<Depth> {
         match synced {
             Some(fp) => {
                 lock(&self.synced).insert(kyma.to_owned(), fp);
@@ -112,11 +122,11 @@ impl Book {
             }
         }
         let mut p = lock(&self.pending);
-        p.remove(kyma);
-        p.len()
+        let shard = p.remove(kyma)?;
+        Some(Depth { shard, depth: p.values().filter(|s| **s == shard).count() })
     }
 
-    fn forget(&self, kyma: &str) -> usize {
+    fn forget(&self, kyma: &str) -> Option<Depth> {
         lock(&self.failures).remove(kyma);
         self.finish(kyma, None)
     }
@@ -176,13 +186,14 @@ pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
         return Ok(Action::await_change());
     }
     // Counted as in flight until the end of the sync, so a shard handover waits for it.
-    let Some(_in_flight) = ctx.shards.begin(&namespace, &name) else {
+    let Some(in_flight) = ctx.shards.begin(&namespace, &name) else {
         ctx.pool.evict(&name, "released");
         set_depth(&ctx, ctx.book.forget(&name));
         return Ok(Action::await_change());
     };
 
-    let timer = ctx.metrics.sync.measure();
+    let timer = ctx.metrics.sync.measure(in_flight.shard());
+    let shard = timer.shard().to_owned();
     let catalog = Arc::clone(&ctx.catalog.borrow());
     let (desired, _) = desired_set(&catalog.snapshot, kyma.labels(), &ctx.settings.restricted_modules);
     let result = match tokio::time::timeout(ctx.settings.sync_timeout, sync_skr(&kyma, &desired, &catalog, &ctx)).await
@@ -195,7 +206,7 @@ pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
     match result {
         Ok(report) => {
             record_report(&ctx.metrics, &report);
-            ctx.metrics.sync.runs.with_label_values(&["success"]).inc();
+            ctx.metrics.sync.runs.with_label_values(&[shard.as_str(), "success"]).inc();
             set_depth(&ctx, ctx.book.finish(&name, Some(sync_fingerprint(&desired, &catalog))));
             if report.writes() > 0 {
                 info!(applied = ?report.applied, pruned = ?report.pruned, setup_writes = report.setup_writes, "Synced catalog");
@@ -217,8 +228,8 @@ pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
             Ok(Action::await_change())
         }
         Err(err) => {
-            ctx.metrics.sync.runs.with_label_values(&["error"]).inc();
-            ctx.metrics.sync.errors.with_label_values(&[err.reason()]).inc();
+            ctx.metrics.sync.runs.with_label_values(&[shard.as_str(), "error"]).inc();
+            ctx.metrics.sync.errors.with_label_values(&[shard.as_str(), err.reason()]).inc();
             set_depth(&ctx, ctx.book.finish(&name, None));
             if err.evicts_client() {
                 ctx.pool.evict(&name, "error");
@@ -257,8 +268,15 @@ fn jittered(period: Duration, jitter: f64) -> Duration {
     period + period.mul_f64(rand::rng().random_range(0.0..=jitter))
 }
 
-fn set_depth(ctx: &Context, depth: usize) {
-    ctx.metrics.sync.queue_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
+/// Publishes a shard's queue depth.
+pub fn set_depth(ctx: &Context, depth: Option<Depth>) {
+    if let Some(Depth { shard, depth }) = depth {
+        ctx.metrics
+            .sync
+            .queue_depth
+            .with_label_values(&[&shard.to_string()])
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+    }
 }
 
 fn record_report(metrics: &Metrics, report: &SyncReport) {
