@@ -212,8 +212,8 @@ impl SyncMetrics {
             runs: counter_vec(
                 r,
                 "catalogsync_sync_runs_total",
-                "Syncs of one SKR, by result (success, error).",
-                &["result"],
+                "Syncs of one SKR, by shard and result (success, error).",
+                &["shard", "result"],
             )?,
             errors: counter_vec(
                 r,

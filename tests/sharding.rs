@@ -1,0 +1,299 @@
+//! Sharded replicas as separate processes against real apiservers: 40 Kymas over three SKR
+//! control planes, each Kyma with its own client identity, replicas under the ServiceAccount
+//! identity and RBAC of `deploy/rbac/`. The invariant checker reads the SKR audit logs and
+//! the Lease history from the KCP audit log.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use catalogsync::sharding::ring::shard_of;
+use catalogsync::sharding::table::{self, Table};
+use common::fleet::Fleet;
+use common::invariants::{InvariantOptions, check_invariants};
+use common::scenario::{MT, mrm, mt};
+
+const SHARDS: u32 = 32;
+const KYMAS: usize = 40;
+const LEASE_DURATION: Duration = Duration::from_secs(6);
+const CONVERGE: Duration = Duration::from_secs(60);
+const PROMPT: Duration = Duration::from_secs(30);
+
+/// The tests of this file run one at a time: each runs several replicas on two cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn fleet(prefix: &str) -> Fleet {
+    let env = common::env();
+    let skr_c = skr_c();
+    let mut f = Fleet::new(prefix, &[&env.skr_a, &env.skr_b, skr_c], KYMAS).await.expect("fleet");
+    f.scenario
+        .apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])])
+        .await
+        .expect("catalog");
+    f.base_args.extend(["--drain-timeout", "3s"].map(str::to_owned));
+    f
+}
+
+/// A third SKR control plane, shared by the tests of this file.
+fn skr_c() -> &'static common::ControlPlane {
+    static SKR_C: std::sync::OnceLock<common::ControlPlane> = std::sync::OnceLock::new();
+    SKR_C.get_or_init(|| {
+        common::block_on_own_thread(async { common::env().start_extra_skr("skr-c").await }).expect("skr-c")
+    })
+}
+
+fn spawn(f: &mut Fleet, identity: &str) {
+    let args = f.sharding_args(SHARDS);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    f.spawn_replica(identity, &args).expect("spawn replica");
+}
+
+async fn read_table(f: &Fleet) -> Table {
+    table::read(&f.scenario.kcp, f.ns(), f.ns()).await.expect("read shard table")
+}
+
+/// Holder of each shard.
+fn holders(t: &Table) -> BTreeMap<u32, String> {
+    t.rows.iter().map(|r| (r.shard, r.holder.clone())).collect()
+}
+
+/// Waits until every shard is held, as desired, by one of `replicas`, within the cap.
+async fn await_converged(f: &Fleet, replicas: &[&str]) -> Table {
+    let want: BTreeSet<String> = replicas.iter().map(|s| (*s).to_owned()).collect();
+    let cap = SHARDS.div_ceil(replicas.len() as u32) as usize;
+    common::await_condition(CONVERGE, &format!("all {SHARDS} shards held by {want:?}"), || async {
+        let t = read_table(f).await;
+        let ok = t.rows.len() == SHARDS as usize
+            && t.rows.iter().all(|r| r.state == "held" && want.contains(&r.holder))
+            && want.iter().all(|m| t.rows.iter().filter(|r| &r.holder == m).count() <= cap)
+            && t.members.iter().cloned().collect::<BTreeSet<_>>() == want;
+        ok.then_some(t)
+    })
+    .await
+}
+
+/// Waits until every SKR holds `mt_name` in the fleet's sync namespace.
+async fn await_everywhere(f: &Fleet, mt_name: &str) {
+    let env = common::env();
+    for skr in [&env.skr_a, &env.skr_b, skr_c()] {
+        common::await_condition(PROMPT, &format!("{mt_name} in {}", skr.name()), || async {
+            f.scenario.skr_names(skr, MT).await.contains(mt_name)
+        })
+        .await;
+    }
+}
+
+async fn await_all_synced(f: &Fleet) {
+    for k in &f.kymas {
+        f.scenario.await_condition(&k.name, "True", "CatalogSynced", CONVERGE).await;
+    }
+}
+
+fn check(f: &Fleet, member_liveness: bool) -> common::invariants::InvariantReport {
+    let options = InvariantOptions { lease_namespace: Some(f.ns().to_owned()), member_liveness, ..Default::default() };
+    let report =
+        check_invariants(&f.invariant_input(|ns, name| shard_of(ns, name, SHARDS), options)).expect("invariants");
+    eprintln!("{report}");
+    report.assert_no_double_writer();
+    report
+}
+
+async fn handovers_within(f: &Fleet, replicas: &[&str], bound: &str) -> (f64, f64) {
+    let (mut total, mut within) = (0.0, 0.0);
+    for r in replicas {
+        total += f.metric(r, "catalogsync_shard_handover_duration_seconds_count", &[]).await;
+        within += f.metric(r, "catalogsync_shard_handover_duration_seconds_bucket", &[&format!("le=\"{bound}\"")]).await;
+    }
+    (total, within)
+}
+
+#[tokio::test]
+async fn three_replicas_converge_and_each_skr_has_one_writer() {
+    let _serial = SERIAL.lock().await;
+    let mut f = fleet("shard3").await;
+    for r in ["r1", "r2", "r3"] {
+        spawn(&mut f, r);
+    }
+    let t = await_converged(&f, &["r1", "r2", "r3"]).await;
+    await_all_synced(&f).await;
+    eprintln!("{}", table::render(&t));
+    f.scenario.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])]).await.expect("change");
+    await_everywhere(&f, "keda-1.1.0").await;
+
+    let report = check(&f, true);
+    // Every Kyma's SKR identity was written by exactly the replica holding its shard.
+    let h = holders(&t);
+    for k in &f.kymas {
+        let writers = report.writers_per_user.get(&k.user).cloned().unwrap_or_default();
+        let owner = &h[&shard_of(f.ns(), &k.name, SHARDS)];
+        assert_eq!(writers, BTreeSet::from([owner.clone()]), "writers of {}", k.name);
+    }
+    for r in ["r1", "r2", "r3"] {
+        let owned = f.metric(r, "catalogsync_shard_owned_clusters", &[]).await;
+        assert!(owned > 0.0, "{r} owns no SKR");
+    }
+}
+
+#[tokio::test]
+async fn scale_out_and_in_moves_only_the_moved_shards() {
+    let _serial = SERIAL.lock().await;
+    let mut f = fleet("scale").await;
+    for r in ["r1", "r2", "r3"] {
+        spawn(&mut f, r);
+    }
+    let three = holders(&await_converged(&f, &["r1", "r2", "r3"]).await);
+    await_all_synced(&f).await;
+
+    // 3 -> 4: only shards going to the new replica move; a change made meanwhile arrives.
+    spawn(&mut f, "r4");
+    f.scenario.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])]).await.expect("change");
+    let four = holders(&await_converged(&f, &["r1", "r2", "r3", "r4"]).await);
+    let moved_out: Vec<u32> = (0..SHARDS).filter(|s| three[s] != four[s]).collect();
+    assert!(moved_out.iter().all(|s| four[s] == "r4"), "shards moved between staying replicas: {moved_out:?}");
+    let bound = (1.1 * f64::from(SHARDS) / 4.0).ceil() as usize;
+    assert!(moved_out.len() <= bound, "3 -> 4 moved {} shards, bound {bound}", moved_out.len());
+    await_everywhere(&f, "keda-1.1.0").await;
+
+    // 4 -> 3 by SIGTERM: the leaving replica hands over at once, exits 0.
+    let started = Instant::now();
+    let status = f.terminate("r4").await.expect("terminate r4");
+    assert!(status.success(), "r4 exited with {status}");
+    f.scenario.apply_catalog(&[mt("keda", "1.2.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.2.0")])]).await.expect("change");
+    let back = holders(&await_converged(&f, &["r1", "r2", "r3"]).await);
+    let scale_in = started.elapsed();
+    let moved_in: Vec<u32> = (0..SHARDS).filter(|s| four[s] != back[s]).collect();
+    assert!(moved_in.iter().all(|s| four[s] == "r4"), "shards moved between staying replicas: {moved_in:?}");
+    await_everywhere(&f, "keda-1.2.0").await;
+    let (total, within) = handovers_within(&f, &["r1", "r2", "r3"], "2").await;
+    eprintln!(
+        "moved 3->4: {} shards, 4->3: {} shards; scale-in converged after {:.1}s; handovers {within}/{total} within 2s",
+        moved_out.len(),
+        moved_in.len(),
+        scale_in.as_secs_f64()
+    );
+    assert!(total > 0.0 && within == total, "graceful handovers over 2s: {within} of {total} within");
+    let report = check(&f, true);
+    eprintln!("longest unowned window: {:?}", report.longest_unowned);
+}
+
+#[tokio::test]
+async fn killed_replica_is_taken_over_within_the_lease_duration() {
+    let _serial = SERIAL.lock().await;
+    let mut f = fleet("kill").await;
+    for r in ["r1", "r2", "r3"] {
+        spawn(&mut f, r);
+    }
+    let before = holders(&await_converged(&f, &["r1", "r2", "r3"]).await);
+    await_all_synced(&f).await;
+    let killed = Instant::now();
+    f.kill("r2");
+    let after = holders(&await_converged(&f, &["r1", "r3"]).await);
+    let failover = killed.elapsed();
+    eprintln!("failover after SIGKILL: {:.1}s", failover.as_secs_f64());
+    assert!(failover <= LEASE_DURATION + Duration::from_secs(5), "takeover took {failover:?}");
+    for s in 0..SHARDS {
+        if before[&s] != "r2" {
+            assert_eq!(before[&s], after[&s], "shard {s} moved although its holder survived");
+        }
+    }
+    f.scenario.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])]).await.expect("change");
+    await_everywhere(&f, "keda-1.1.0").await;
+    check(&f, true);
+}
+
+#[tokio::test]
+async fn new_coordinator_moves_nothing_well_placed() {
+    let _serial = SERIAL.lock().await;
+    let mut f = fleet("coord").await;
+    for r in ["r1", "r2", "r3"] {
+        spawn(&mut f, r);
+    }
+    let t = await_converged(&f, &["r1", "r2", "r3"]).await;
+    let coordinator = t.coordinator.clone();
+    assert!(["r1", "r2", "r3"].contains(&coordinator.as_str()), "coordinator {coordinator:?}");
+    let before = holders(&t);
+    let assignments_before: f64 = {
+        let mut sum = 0.0;
+        for r in ["r1", "r2", "r3"] {
+            sum += f.metric(r, "catalogsync_shard_assignments_total", &[]).await;
+        }
+        sum
+    };
+    f.kill(&coordinator);
+    let rest: Vec<&str> = ["r1", "r2", "r3"].into_iter().filter(|r| *r != coordinator).collect();
+    let after = await_converged(&f, &rest).await;
+    assert!(rest.contains(&after.coordinator.as_str()), "no new coordinator: {:?}", after.coordinator);
+    let after = holders(&after);
+    let moved: Vec<u32> = (0..SHARDS).filter(|s| before[s] != after[s]).collect();
+    assert!(moved.iter().all(|s| before[s] == coordinator), "well-placed shards moved: {moved:?}");
+    let mut assignments_after = 0.0;
+    for r in &rest {
+        assignments_after += f.metric(r, "catalogsync_shard_assignments_total", &[]).await;
+    }
+    eprintln!("assignments by the new coordinator: {assignments_after} (moved {} shards)", moved.len());
+    assert!(assignments_after - 0.0 <= moved.len() as f64 + assignments_before, "the new coordinator reassigned more than the dead replica's shards");
+    check(&f, true);
+}
+
+#[tokio::test]
+async fn replica_cut_from_the_kcp_fences_itself_before_its_shards_move() {
+    let _serial = SERIAL.lock().await;
+    let mut f = fleet("cut").await;
+    spawn(&mut f, "r1");
+    spawn(&mut f, "r2");
+    let args = f.sharding_args(SHARDS);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    f.spawn_replica_via_proxy("r3", &args).expect("r3 via proxy");
+    await_converged(&f, &["r1", "r2", "r3"]).await;
+    await_all_synced(&f).await;
+
+    f.proxy("r3").expect("proxy").cut();
+    let cut = Instant::now();
+    // Changes during the cut keep r3 busy writing until it fences itself.
+    f.scenario.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])]).await.expect("change");
+    await_converged(&f, &["r1", "r2"]).await;
+    eprintln!("shards of the cut replica moved after {:.1}s", cut.elapsed().as_secs_f64());
+    await_everywhere(&f, "keda-1.1.0").await;
+    common::await_condition(PROMPT, "r3 reports itself fenced", || async {
+        f.metric("r3", "catalogsync_member_fenced", &[]).await == 1.0
+    })
+    .await;
+
+    f.proxy("r3").expect("proxy").heal();
+    await_converged(&f, &["r1", "r2", "r3"]).await;
+    let report = check(&f, true);
+    eprintln!("longest unowned window: {:?}", report.longest_unowned);
+}
+
+#[tokio::test]
+async fn rolling_restart_loses_no_catalog_change() {
+    let _serial = SERIAL.lock().await;
+    let mut f = fleet("roll").await;
+    for r in ["a1", "a2", "a3"] {
+        spawn(&mut f, r);
+    }
+    await_converged(&f, &["a1", "a2", "a3"]).await;
+    await_all_synced(&f).await;
+    // Like a Deployment rollout: each old pod is replaced by a new one with a new name,
+    // while the catalog keeps changing.
+    let steps = [("a1", "b1", "1.1.0"), ("a2", "b2", "1.2.0"), ("a3", "b3", "1.3.0")];
+    let mut live = vec!["a1", "a2", "a3"];
+    for (old, new, version) in steps {
+        spawn(&mut f, new);
+        let status = f.terminate(old).await.expect("terminate");
+        assert!(status.success(), "{old} exited with {status}");
+        f.scenario
+            .apply_catalog(&[mt("keda", version), mrm("keda", &[("regular", "1.0.0"), ("fast", version)])])
+            .await
+            .expect("change");
+        live.retain(|r| *r != old);
+        live.push(new);
+        await_converged(&f, &live).await;
+    }
+    await_everywhere(&f, "keda-1.3.0").await;
+    for k in &f.kymas {
+        f.scenario.await_condition(&k.name, "True", "CatalogSynced", CONVERGE).await;
+    }
+    check(&f, true);
+}
