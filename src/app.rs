@@ -121,6 +121,7 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
 
     // KCP caches.
     let (catalog_stores, catalog_changes) = watch_catalog(&kcp, &ns);
+    // `catalog_stores` is moved into the catalog loop, the only waiter on its readiness.
     let (secret_store, secret_writer) = reflector::store();
     let secret_stream = watcher(
         Api::<PartialObjectMeta<Secret>>::namespaced(kcp.clone(), &ns),
@@ -269,7 +270,7 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
 
     let catalog_task = run_catalog_loop(
         Box::pin(catalog_changes),
-        catalog_stores.clone(),
+        catalog_stores,
         kyma_store.clone(),
         catalog_tx,
         requeue_tx,
@@ -307,12 +308,10 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
 
     let readiness_view = shards.clone();
     let readiness = async move {
-        let (catalog, secrets, kymas) = (catalog_stores, secret_store, kyma_readiness);
+        let (secrets, kymas) = (secret_store, kyma_readiness);
         let mut published = catalog_rx;
-        let ok = catalog.wait_until_ready().await.is_ok()
-            && until_ready(&secrets).await
-            && published.changed().await.is_ok()
-            && until_ready(&kymas).await;
+        // The catalog loop publishes only after its stores listed everything.
+        let ok = until_ready(&secrets).await && published.changed().await.is_ok() && until_ready(&kymas).await;
         // Ready also means holding a fresh member Lease.
         while readiness_view.is_fenced() {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -341,10 +340,12 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     ];
     let mut all: Vec<(&'static str, JoinHandle<()>)> = ordered.into_iter().chain(background).collect();
     let ended = tokio::select! {
+        biased;
         () = shutdown.cancelled() => None,
         (_, index, _) = futures::future::select_all(all.iter_mut().map(|(_, h)| h)) => Some(index),
     };
-    let failed = ended.map(|index| all.remove(index).0);
+    // A task that ended because shutdown began is not a failure.
+    let failed = ended.map(|index| all.remove(index).0).filter(|_| !shutdown.is_cancelled());
     if let Some(task) = failed {
         error!(task, "Essential task ended unexpectedly; shutting down");
     }

@@ -99,7 +99,7 @@ pub struct RunArgs {
     pub skr_concurrency: usize,
 
     /// Timeout of one request to an SKR (connect, send and read).
-    #[arg(long, env = "CATALOGSYNC_SKR_REQUEST_TIMEOUT", default_value = "5s", value_parser = parse_duration, help_heading = "Sync")]
+    #[arg(long, env = "CATALOGSYNC_SKR_REQUEST_TIMEOUT", default_value = "3s", value_parser = parse_duration, help_heading = "Sync")]
     pub skr_request_timeout: Duration,
 
     /// Timeout of a whole sync of one SKR.

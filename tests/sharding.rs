@@ -27,10 +27,7 @@ async fn fleet(prefix: &str) -> Fleet {
     let env = common::env();
     let skr_c = skr_c();
     let mut f = Fleet::new(prefix, &[&env.skr_a, &env.skr_b, skr_c], KYMAS).await.expect("fleet");
-    f.scenario
-        .apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])])
-        .await
-        .expect("catalog");
+    f.scenario.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
     f.base_args.extend(["--drain-timeout", "3s"].map(str::to_owned));
     f
 }
@@ -103,7 +100,8 @@ async fn handovers_within(f: &Fleet, replicas: &[&str], bound: &str) -> (f64, f6
     let (mut total, mut within) = (0.0, 0.0);
     for r in replicas {
         total += f.metric(r, "catalogsync_shard_handover_duration_seconds_count", &[]).await;
-        within += f.metric(r, "catalogsync_shard_handover_duration_seconds_bucket", &[&format!("le=\"{bound}\"")]).await;
+        within +=
+            f.metric(r, "catalogsync_shard_handover_duration_seconds_bucket", &[&format!("le=\"{bound}\"")]).await;
     }
     (total, within)
 }
@@ -118,17 +116,24 @@ async fn three_replicas_converge_and_each_skr_has_one_writer() {
     let t = await_converged(&f, &["r1", "r2", "r3"]).await;
     await_all_synced(&f).await;
     eprintln!("{}", table::render(&t));
-    f.scenario.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])]).await.expect("change");
+    f.scenario
+        .apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])])
+        .await
+        .expect("change");
     await_everywhere(&f, "keda-1.1.0").await;
 
     let report = check(&f, true);
-    // Every Kyma's SKR identity was written by exactly the replica holding its shard.
+    // Every Kyma's SKR identity was written only by the replica holding its shard (a Kyma
+    // whose SKR another Kyma had already brought up to date needed no write at all).
     let h = holders(&t);
+    let mut written = 0;
     for k in &f.kymas {
         let writers = report.writers_per_user.get(&k.user).cloned().unwrap_or_default();
         let owner = &h[&shard_of(f.ns(), &k.name, SHARDS)];
-        assert_eq!(writers, BTreeSet::from([owner.clone()]), "writers of {}", k.name);
+        assert!(writers.iter().all(|w| w == owner), "writers of {}: {writers:?}, owner {owner}", k.name);
+        written += usize::from(!writers.is_empty());
     }
+    assert!(written >= 3, "only {written} Kymas wrote to their SKR");
     for r in ["r1", "r2", "r3"] {
         let owned = f.metric(r, "catalogsync_shard_owned_clusters", &[]).await;
         assert!(owned > 0.0, "{r} owns no SKR");
@@ -147,7 +152,10 @@ async fn scale_out_and_in_moves_only_the_moved_shards() {
 
     // 3 -> 4: only shards going to the new replica move; a change made meanwhile arrives.
     spawn(&mut f, "r4");
-    f.scenario.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])]).await.expect("change");
+    f.scenario
+        .apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])])
+        .await
+        .expect("change");
     let four = holders(&await_converged(&f, &["r1", "r2", "r3", "r4"]).await);
     let moved_out: Vec<u32> = (0..SHARDS).filter(|s| three[s] != four[s]).collect();
     assert!(moved_out.iter().all(|s| four[s] == "r4"), "shards moved between staying replicas: {moved_out:?}");
@@ -159,7 +167,10 @@ async fn scale_out_and_in_moves_only_the_moved_shards() {
     let started = Instant::now();
     let status = f.terminate("r4").await.expect("terminate r4");
     assert!(status.success(), "r4 exited with {status}");
-    f.scenario.apply_catalog(&[mt("keda", "1.2.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.2.0")])]).await.expect("change");
+    f.scenario
+        .apply_catalog(&[mt("keda", "1.2.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.2.0")])])
+        .await
+        .expect("change");
     let back = holders(&await_converged(&f, &["r1", "r2", "r3"]).await);
     let scale_in = started.elapsed();
     let moved_in: Vec<u32> = (0..SHARDS).filter(|s| four[s] != back[s]).collect();
@@ -197,7 +208,10 @@ async fn killed_replica_is_taken_over_within_the_lease_duration() {
             assert_eq!(before[&s], after[&s], "shard {s} moved although its holder survived");
         }
     }
-    f.scenario.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])]).await.expect("change");
+    f.scenario
+        .apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])])
+        .await
+        .expect("change");
     await_everywhere(&f, "keda-1.1.0").await;
     check(&f, true);
 }
@@ -232,7 +246,10 @@ async fn new_coordinator_moves_nothing_well_placed() {
         assignments_after += f.metric(r, "catalogsync_shard_assignments_total", &[]).await;
     }
     eprintln!("assignments by the new coordinator: {assignments_after} (moved {} shards)", moved.len());
-    assert!(assignments_after - 0.0 <= moved.len() as f64 + assignments_before, "the new coordinator reassigned more than the dead replica's shards");
+    assert!(
+        assignments_after - 0.0 <= moved.len() as f64 + assignments_before,
+        "the new coordinator reassigned more than the dead replica's shards"
+    );
     check(&f, true);
 }
 
@@ -251,7 +268,10 @@ async fn replica_cut_from_the_kcp_fences_itself_before_its_shards_move() {
     f.proxy("r3").expect("proxy").cut();
     let cut = Instant::now();
     // Changes during the cut keep r3 busy writing until it fences itself.
-    f.scenario.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])]).await.expect("change");
+    f.scenario
+        .apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])])
+        .await
+        .expect("change");
     await_converged(&f, &["r1", "r2"]).await;
     eprintln!("shards of the cut replica moved after {:.1}s", cut.elapsed().as_secs_f64());
     await_everywhere(&f, "keda-1.1.0").await;

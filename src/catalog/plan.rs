@@ -5,7 +5,7 @@
 //!
 //! - **Cold** (first sync of an SKR by this replica, or after any failure): the SKR is listed
 //!   in full and each copy is compared field by field with the desired body
-//!   ([`copy_matches`](crate::catalog::render::copy_matches)). Matching copies are not written.
+//!   ([`crate::catalog::render::copy_matches`]). Matching copies are not written.
 //! - **Warm**: the SKR is listed metadata-only. A copy is unchanged when its
 //!   `resourceVersion` is the one this replica last saw for it *and* the desired body has the
 //!   content hash it had then. Any edit in the SKR changes the resourceVersion; any KCP change

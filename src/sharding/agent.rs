@@ -265,6 +265,19 @@ impl Agent {
 
     async fn release_all(&self, local: &mut [Local], written: &mut HashMap<u32, Written>) {
         self.view.stop();
+        // Like a drain: no new SKR write starts after `stop`; give the running syncs up to the
+        // drain timeout to end before another replica may claim their shards.
+        let drained = async {
+            while (0..self.view.shards()).any(|s| self.view.in_flight(s) > 0) {
+                tokio::select! {
+                    () = self.view.sync_ended() => {}
+                    () = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+                }
+            }
+        };
+        if tokio::time::timeout(self.timing.drain_timeout, drained).await.is_err() {
+            warn!("Syncs still running at the drain timeout; releasing shards anyway");
+        }
         let leases = self.current(written);
         for shard in 0..self.view.shards() {
             if local[shard as usize] == Local::Idle {

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::Kyma;
+use crate::api::{Kyma, member_lease_name};
 use crate::metrics::ShardMetrics;
 use crate::sharding::handover::may_force_release;
 use crate::sharding::lease::{self, is_shard, live_members, new_shard, shard_number, with_desired, with_holder};
@@ -126,7 +126,8 @@ impl Coordinator {
             let st = lease::state(l);
             let want = target.get(shard).cloned().unwrap_or_default();
             let reassign = st.desired != want;
-            let force = may_force_release(&st.holder, live.contains(&st.holder));
+            let force =
+                may_force_release(&st.holder, live.contains(&st.holder)) && self.confirmed_dead(&st.holder, now).await;
             if !reassign && !force {
                 continue;
             }
@@ -149,6 +150,18 @@ impl Coordinator {
             }
         }
         self.record_unowned(&shard_leases, &live, unowned_since);
+    }
+
+    /// Re-reads a holder's member Lease before its shards are taken: the cache may lag.
+    async fn confirmed_dead(&self, holder: &str, now: Timestamp) -> bool {
+        match self.api.get_opt(&member_lease_name(holder)).await {
+            Ok(Some(member)) => lease::expiry(&member).is_none_or(|e| e <= now),
+            Ok(None) => true,
+            Err(error) => {
+                warn!(holder, error = &error as &dyn std::error::Error, "Failed to confirm that a holder is gone");
+                false
+            }
+        }
     }
 
     fn record_unowned(

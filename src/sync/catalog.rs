@@ -27,6 +27,8 @@ pub struct CatalogState {
     pub snapshot: Snapshot,
     /// The CRDs to ensure in SKRs.
     pub crds: SkrCrds,
+    /// Whether this state was built from fully listed stores (the initial value is not).
+    pub published: bool,
 }
 
 /// What a successful sync of an SKR established: its desired set and the CRDs. A Kyma whose
@@ -75,7 +77,7 @@ impl CatalogStores {
                 (name, crd)
             })
             .collect();
-        CatalogState { snapshot, crds: SkrCrds::from_kcp(found) }
+        CatalogState { snapshot, crds: SkrCrds::from_kcp(found), published: true }
     }
 }
 
@@ -134,9 +136,32 @@ pub async fn run_catalog_loop(
 ) {
     // A burst never delays a rebuild by more than this many debounce periods.
     const MAX_DEBOUNCE_FACTOR: u32 = 5;
-    while changes.next().await.is_some() {
-        let deadline = tokio::time::Instant::now() + debounce * MAX_DEBOUNCE_FACTOR;
+    // Publish nothing before every store finished its first list: an empty or partial catalog
+    // would make every sync prune. A watch that keeps failing (a missing CRD, a denied list)
+    // keeps the replica unready instead.
+    {
+        let ready = stores.wait_until_ready();
+        tokio::pin!(ready);
         loop {
+            tokio::select! {
+                r = &mut ready => {
+                    if r.is_err() {
+                        return;
+                    }
+                    break;
+                }
+                more = changes.next() => if more.is_none() { return },
+            }
+        }
+    }
+    let mut first = true;
+    loop {
+        if !first && changes.next().await.is_none() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + debounce * MAX_DEBOUNCE_FACTOR;
+        // The first state is published at once; later ones after the burst settled.
+        while !std::mem::replace(&mut first, false) {
             let quiet = tokio::time::sleep(debounce);
             tokio::select! {
                 more = changes.next() => if more.is_none() { return },

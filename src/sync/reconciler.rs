@@ -251,7 +251,13 @@ pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
 }
 
 /// Backoff after a failed reconcile: exponential per Kyma, with jitter, capped.
-pub fn error_policy(kyma: Arc<Kyma>, _err: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(kyma: Arc<Kyma>, err: &Error, ctx: Arc<Context>) -> Action {
+    if let Error::WriteCondition(_) = err {
+        // Sync failures were logged and counted in reconcile; this one happens after it.
+        let shard = ctx.shards.shard_of(&kyma.namespace().unwrap_or_default(), &kyma.name_any()).to_string();
+        ctx.metrics.sync.errors.with_label_values(&[shard.as_str(), err.reason()]).inc();
+        warn!(error = err as &dyn std::error::Error, "Failed to write the ModuleCatalog condition");
+    }
     let failures = ctx.book.record_failure(&kyma.name_any());
     Action::requeue(backoff(failures, ctx.settings.backoff_min, ctx.settings.backoff_max))
 }

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The test command of catalogsync: everything CI checks, in the order CI checks it.
+#
+#   hack/test.sh
+#
+# Steps: toolchains, kube-apiserver and etcd binaries (hack/k8s-bins.sh: built from source on
+# the first run, 10-25 minutes on 2 cores, cached in ~/.cache/catalogsync afterwards),
+# rustfmt, clippy, all unit and integration tests (the integration tests start their own
+# apiservers), rustdoc. Every step runs even when an earlier one failed, so one run reports
+# everything; the exit status is non-zero when any step failed.
+#
+# The last line of output is always the test summary, `N passed, N failed`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [[ -n "${CI:-}" ]]; then
+  export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+fi
+
+start=$SECONDS
+failed_steps=()
+passed=0
+failed=0
+test_log="$(mktemp "${TMPDIR:-/tmp}/catalogsync-test.XXXXXX")"
+trap 'rm -f "$test_log"' EXIT
+
+elapsed() {
+  local s=$((SECONDS - start))
+  printf '%dm%02ds' $((s / 60)) $((s % 60))
+}
+
+header() {
+  printf '\n==> %s  [%s]\n' "$*" "$(elapsed)"
+}
+
+summary() {
+  printf '\n'
+  if ((${#failed_steps[@]} > 0)); then
+    local list
+    printf -v list '%s, ' "${failed_steps[@]}"
+    printf 'FAILED steps: %s  [%s]\n' "${list%, }" "$(elapsed)"
+  else
+    printf 'all steps passed  [%s]\n' "$(elapsed)"
+  fi
+  printf '%d passed, %d failed\n' "$passed" "$failed"
+}
+
+# Stops the run before any step could start (missing toolchain, no apiserver binaries).
+abort() {
+  printf 'error: %s\n' "$*" >&2
+  failed_steps+=("setup")
+  summary
+  exit 1
+}
+
+# Runs one step; records a failure and carries on.
+step() {
+  local name=$1
+  shift
+  header "$name"
+  local t=$SECONDS
+  if "$@"; then
+    printf -- '--- ok: %s (%ds)\n' "$name" $((SECONDS - t))
+  else
+    printf -- '--- FAILED: %s (%ds)\n' "$name" $((SECONDS - t))
+    failed_steps+=("$name")
+  fi
+}
+
+header "check toolchains"
+command -v cargo >/dev/null || abort "cargo not found: install Rust (https://rustup.rs) and put ~/.cargo/bin on PATH"
+command -v go >/dev/null || abort "go not found: install Go (https://go.dev/dl); it builds kube-apiserver and etcd for the tests"
+cargo fmt --version >/dev/null 2>&1 || abort "rustfmt missing: rustup component add rustfmt"
+cargo clippy --version >/dev/null 2>&1 || abort "clippy missing: rustup component add clippy"
+printf '%s\n%s\n%s\n' "$(cargo --version)" "$(rustc --version)" "$(go version)"
+
+header "kube-apiserver and etcd (hack/k8s-bins.sh; first run builds them, 10-25 min on 2 cores)"
+bins="$(hack/k8s-bins.sh)" || abort "hack/k8s-bins.sh failed to provide kube-apiserver and etcd"
+eval "$bins"
+printf 'TEST_ASSET_KUBE_APISERVER=%s\nTEST_ASSET_ETCD=%s\n' "$TEST_ASSET_KUBE_APISERVER" "$TEST_ASSET_ETCD"
+
+step "cargo fmt" cargo fmt --all -- --check
+step "cargo clippy" cargo clippy --locked --all-targets -- -D warnings
+
+run_tests() {
+  # --no-fail-fast: a failing test binary must not hide the results of the others.
+  cargo test --locked --no-fail-fast 2>&1 | tee "$test_log"
+}
+step "cargo test" run_tests
+# Sum the `test result: ok. X passed; Y failed; ...` lines of every test binary.
+read -r passed failed < <(
+  sed -nE 's/^test result: [A-Za-z]+\. ([0-9]+) passed; ([0-9]+) failed;.*/\1 \2/p' "$test_log" |
+    awk '{p += $1; f += $2} END {print p + 0, f + 0}'
+)
+if ((failed > 0)) && [[ " ${failed_steps[*]} " != *" cargo test "* ]]; then
+  failed_steps+=("cargo test")
+fi
+
+step "cargo doc" env RUSTDOCFLAGS=-Dwarnings cargo doc --locked --no-deps
+
+summary
+if ((${#failed_steps[@]} > 0)); then
+  exit 1
+fi
