@@ -125,8 +125,13 @@ impl Agent {
     }
 
     async fn tick(&self, local: &mut [Local], written: &mut HashMap<u32, Written>) {
+        // A lapse (fenced, then renewed before this tick) counts as fenced for this tick.
+        let fenced = self.view.take_lapse() || self.view.is_fenced() || self.view.is_stopping();
+        if fenced {
+            // What this replica wrote may have been overwritten while it could not see it.
+            written.clear();
+        }
         let leases = self.current(written);
-        let fenced = self.view.is_fenced() || self.view.is_stopping();
         let now = Instant::now();
         for shard in 0..self.view.shards() {
             let idx = shard as usize;
@@ -160,7 +165,16 @@ impl Agent {
                         }
                     }
                 }
-                Action::Resume => self.activate(shard, local, "resumed").await,
+                Action::Resume => {
+                    // Confirm with a write: the cache may be stale (after a fence).
+                    let next = with_holder(lease, &self.identity, Timestamp::now());
+                    match self.write(shard, lease, next, written).await {
+                        Ok(()) => self.activate(shard, local, "resumed").await,
+                        Err(error) => {
+                            debug!(shard, error = &error as &dyn std::error::Error, "Could not resume a shard")
+                        }
+                    }
+                }
                 Action::StartDrain => {
                     self.view.set_active(shard, false);
                     local[idx] = Local::Draining(now);

@@ -9,7 +9,10 @@
 //!    └───────────────── Drop ───────────┘◀──────────── Release ────────────┘
 //! ```
 //!
-//! A replica never claims while fenced, claims only an unheld shard (the write carries the
+//! A replica gives up every shard when it is fenced and works on a shard again only after a
+//! successful Lease write (claim or resume, each with a resourceVersion precondition), so a
+//! Lease cache that went stale while it was cut off cannot make it write. It never claims
+//! while fenced, claims only an unheld shard (the write carries the
 //! Lease's resourceVersion, so two claimers cannot both win), and releases only after its
 //! syncs of the shard finished or the drain timeout passed (no new SKR write starts once a
 //! drain began, and every request is bounded by the SKR request timeout, which the drain
@@ -45,7 +48,9 @@ pub enum Action {
     None,
     /// Write the Lease with this replica as holder (resourceVersion precondition).
     Claim,
-    /// The Lease already names this replica (a restart under the same identity): work on it.
+    /// The Lease already names this replica (a restart under the same identity, or after a
+    /// fence): write it again with its resourceVersion as precondition, so a stale cache
+    /// cannot make the replica work on a shard that moved, then work on it.
     Resume,
     /// Stop taking new syncs of the shard and wait for in-flight ones.
     StartDrain,
@@ -76,7 +81,8 @@ pub fn decide(lease: &LeaseState, local: Local, facts: Facts<'_>) -> Action {
     let wanted_here = lease.desired == facts.me || (lease.desired.is_empty() && mine);
     match local {
         Local::Active | Local::Draining(_) if !mine => Action::Drop,
-        Local::Active if facts.fenced => Action::None,
+        // A fenced replica gives up everything: its view of the Leases may be stale by now.
+        Local::Active | Local::Draining(_) if facts.fenced => Action::Drop,
         Local::Active if !wanted_here => Action::StartDrain,
         Local::Active => Action::None,
         Local::Draining(since) => {
@@ -145,6 +151,14 @@ mod tests {
         assert_eq!(decide(&lease("a", ""), Local::Idle, facts(now, 0, false)), Action::Resume);
         assert_eq!(decide(&lease("a", "b"), Local::Idle, facts(now, 0, false)), Action::Release);
         assert_eq!(decide(&lease("a", "a"), Local::Active, facts(now, 0, false)), Action::None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fenced_replica_drops_everything_and_claims_nothing() {
+        let now = Instant::now();
+        assert_eq!(decide(&lease("a", "a"), Local::Active, facts(now, 0, true)), Action::Drop);
+        assert_eq!(decide(&lease("a", "b"), Local::Draining(now), facts(now, 1, true)), Action::Drop);
+        assert_eq!(decide(&lease("a", "a"), Local::Idle, facts(now, 0, true)), Action::None);
     }
 
     #[test]

@@ -29,6 +29,8 @@ struct Inner {
     in_flight: Vec<AtomicUsize>,
     /// Woken when a sync ends, so a draining shard is released as soon as it is idle.
     idle: Notify,
+    /// Set when a renewal ends a fenced period; the agent then gives up its shards.
+    lapsed: AtomicBool,
 }
 
 impl std::fmt::Debug for ShardView {
@@ -50,6 +52,7 @@ impl ShardView {
                 active: (0..shards).map(|_| AtomicBool::new(false)).collect(),
                 in_flight: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
                 idle: Notify::new(),
+                lapsed: AtomicBool::new(false),
             }),
         }
     }
@@ -84,10 +87,25 @@ impl ShardView {
 
     /// Records a successful member Lease renewal whose request was sent at `sent`: writes are
     /// allowed until `sent + renew_deadline`.
+    ///
+    /// A renewal after the deadline had passed does not bring the shards back: they are all
+    /// deactivated here, before writes are allowed again, and the agent must confirm each
+    /// with a Lease write (its cache may have gone stale meanwhile).
     pub fn renewed(&self, sent: Instant, renew_deadline: Duration) {
+        if self.is_fenced() && self.inner.fence_deadline_ms.load(Ordering::Acquire) > 0 {
+            for a in &self.inner.active {
+                a.store(false, Ordering::Release);
+            }
+            self.inner.lapsed.store(true, Ordering::Release);
+        }
         let deadline = (sent + renew_deadline).saturating_duration_since(self.inner.epoch);
         let ms = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
         self.inner.fence_deadline_ms.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    /// Whether a fenced period ended since the last call (see [`ShardView::renewed`]).
+    pub fn take_lapse(&self) -> bool {
+        self.inner.lapsed.swap(false, Ordering::AcqRel)
     }
 
     /// Stops all SKR writes at once and for good (shutdown).
@@ -201,6 +219,10 @@ mod tests {
         tokio::time::advance(Duration::from_millis(200)).await;
         assert!(!view.may_write("ns", "k"), "no write after the renew deadline without a renewal");
         view.renewed(Instant::now(), Duration::from_secs(10));
+        assert!(!view.may_write("ns", "k"), "a renewal after a lapse does not restore shards");
+        assert!(view.take_lapse());
+        assert!(!view.take_lapse());
+        view.set_active(view.shard_of("ns", "k"), true);
         assert!(view.may_write("ns", "k"));
         view.stop();
         assert!(!view.may_write("ns", "k"));

@@ -280,31 +280,15 @@ impl SkrTarget<'_> {
         if full {
             let res = self.bounded(api.list(&lp)).await;
             self.metrics.record("list", &res);
-            Ok(res
-                .map_err(wrap)?
-                .items
+            let items = res.map_err(wrap)?.items;
+            Ok(items
                 .into_iter()
-                .map(|o| Observed {
-                    name: o.name_any(),
-                    resource_version: o.resource_version().unwrap_or_default(),
-                    managed: is_managed(o.metadata.managed_fields.as_deref()),
-                    content: Some(Arc::new(serde_json::to_value(&o).unwrap_or_default())),
-                })
+                .map(|o| observed(&o.metadata, Some(Arc::new(serde_json::to_value(&o).unwrap_or_default()))))
                 .collect())
         } else {
             let res = self.bounded(api.list_metadata(&lp)).await;
             self.metrics.record("list", &res);
-            Ok(res
-                .map_err(wrap)?
-                .items
-                .into_iter()
-                .map(|o| Observed {
-                    name: o.name_any(),
-                    resource_version: o.resource_version().unwrap_or_default(),
-                    managed: is_managed(o.metadata.managed_fields.as_deref()),
-                    content: None,
-                })
-                .collect())
+            Ok(res.map_err(wrap)?.items.into_iter().map(|o| observed(&o.metadata, None)).collect())
         }
     }
 
@@ -369,6 +353,15 @@ impl SkrTarget<'_> {
             // Not established in time: the following list fails with a clear error if it matters.
             Ok(Err(_)) | Err(_) => Ok(()),
         }
+    }
+}
+
+fn observed(meta: &kube::api::ObjectMeta, content: Option<Arc<Value>>) -> Observed {
+    Observed {
+        name: meta.name.clone().unwrap_or_default(),
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        managed: is_managed(meta.managed_fields.as_deref()),
+        content,
     }
 }
 
