@@ -5,6 +5,7 @@
 #
 # Steps: toolchains, kube-apiserver and etcd binaries (hack/k8s-bins.sh: built from source on
 # the first run, 10-25 minutes on 2 cores, cached in ~/.cache/catalogsync afterwards),
+# kustomize (hack/kustomize.sh, same cache),
 # rustfmt, clippy, all unit and integration tests (the integration tests start their own
 # apiservers), rustdoc. Every step runs even when an earlier one failed, so one run reports
 # everything; the exit status is non-zero when any step failed.
@@ -78,6 +79,11 @@ header "kube-apiserver and etcd (hack/k8s-bins.sh; first run builds them, 10-25 
 bins="$(hack/k8s-bins.sh)" || abort "hack/k8s-bins.sh failed to provide kube-apiserver and etcd"
 eval "$bins"
 printf 'TEST_ASSET_KUBE_APISERVER=%s\nTEST_ASSET_ETCD=%s\n' "$TEST_ASSET_KUBE_APISERVER" "$TEST_ASSET_ETCD"
+
+header "kustomize (hack/kustomize.sh; first run builds it, about a minute)"
+kustomize="$(hack/kustomize.sh)" || abort "hack/kustomize.sh failed to provide kustomize (tests/deploy.rs renders deploy/ with it)"
+eval "$kustomize"
+printf 'KUSTOMIZE=%s\n' "$KUSTOMIZE"
 
 step "cargo fmt" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --locked --all-targets -- -D warnings

@@ -33,7 +33,8 @@ pub fn parse_yaml_docs(yaml: &str) -> Result<Vec<serde_json::Value>> {
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
 }
 
-/// The `*.yaml` and `*.yml` files in `dir`, sorted by name.
+/// The `*.yaml` and `*.yml` files in `dir`, sorted by name, without `kustomization.yaml`
+/// (kustomize's own file, not a manifest; `deploy/*/` have one).
 ///
 /// # Errors
 /// Fails when the directory cannot be read.
@@ -42,6 +43,7 @@ pub fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .with_context(|| format!("failed to read {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .filter(|p| p.file_stem().is_none_or(|stem| stem != "kustomization"))
         .collect();
     files.sort();
     Ok(files)
