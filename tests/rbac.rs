@@ -1,0 +1,85 @@
+//! The RBAC in `deploy/rbac/` grants nothing beyond what catalogsync uses: run a replica
+//! through everything it does against the KCP (start, sync, a Secret problem and its repair,
+//! a catalog change, shutdown) and compare the requests in the KCP audit log with the rules.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::scenario::{Scenario, mrm, mt};
+
+const PROMPT: Duration = Duration::from_secs(30);
+
+/// (API group, resource with subresource, verb)
+type Permission = (String, String, String);
+
+/// Every (group, resource, verb) the rules of `deploy/rbac/` grant.
+fn granted() -> BTreeSet<Permission> {
+    let mut out = BTreeSet::new();
+    for file in common::apply::yaml_files(&common::rbac_dir()).expect("deploy/rbac") {
+        let text = std::fs::read_to_string(&file).expect("read");
+        for doc in common::parse_yaml_docs(&text).expect("yaml") {
+            if !matches!(doc["kind"].as_str(), Some("Role" | "ClusterRole")) {
+                continue;
+            }
+            for rule in doc["rules"].as_array().into_iter().flatten() {
+                let strings = |key: &str| -> Vec<String> {
+                    rule[key].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(str::to_owned)).collect()
+                };
+                for group in strings("apiGroups") {
+                    for resource in strings("resources") {
+                        for verb in strings("verbs") {
+                            out.insert((group.clone(), resource.clone(), verb));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn rbac_grants_exactly_what_catalogsync_uses() {
+    let env = common::env();
+    let mut s = Scenario::new("rbac").await.expect("scenario");
+    s.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
+    s.add_kyma("good", &env.skr_a, &[]).await.expect("kyma");
+    s.add_kyma_without_secret("lost", &[]).await.expect("kyma");
+    let mark = env.kcp.read_audit_events().len();
+    s.start(&["--resync-period", "2s", "--resync-jitter", "0"]).expect("start");
+    s.await_condition("good", "True", "CatalogSynced", PROMPT).await;
+    s.await_condition("lost", "False", "AccessSecretMissing", PROMPT).await;
+    // Repair the Secret, then lose it again: the same Warning event a second time is a patch.
+    s.put_secret("lost", "lost", &s.skr_kubeconfig("lost", &env.skr_b)).await.expect("secret");
+    s.await_condition("lost", "True", "CatalogSynced", PROMPT).await;
+    s.delete_secret("lost").await.expect("delete secret");
+    s.await_condition("lost", "False", "AccessSecretMissing", PROMPT).await;
+    s.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])])
+        .await
+        .expect("change");
+    s.await_skr_names(&env.skr_a, common::scenario::MT, &["keda-1.0.0", "keda-1.1.0"], PROMPT).await;
+    let status = s.catalogsync.as_mut().expect("running").terminate(Duration::from_secs(30)).await.expect("stop");
+    assert!(status.success(), "catalogsync exited with {status}");
+
+    let used: BTreeSet<Permission> = env.kcp.read_audit_events()[mark..]
+        .iter()
+        .filter(|e| e.user.username == common::CATALOGSYNC_USER && e.stage == "ResponseComplete")
+        .filter(|e| e.namespace().is_none_or(|ns| ns == s.ns))
+        .filter_map(|e| {
+            let obj = e.object_ref.as_ref()?;
+            let resource = match &obj.subresource {
+                Some(sub) => format!("{}/{sub}", obj.resource),
+                None => obj.resource.clone(),
+            };
+            Some((obj.api_group.clone().unwrap_or_default(), resource, e.verb.clone()))
+        })
+        .collect();
+    let granted = granted();
+    let unused: Vec<_> = granted.difference(&used).collect();
+    let denied: Vec<_> = used.difference(&granted).collect();
+    eprintln!("used: {used:#?}");
+    assert!(unused.is_empty(), "deploy/rbac grants what catalogsync never used: {unused:?}");
+    assert!(denied.is_empty(), "catalogsync used what deploy/rbac does not grant (so it was denied): {denied:?}");
+}
