@@ -177,15 +177,41 @@ async fn scale_out_and_in_moves_only_the_moved_shards() {
     assert!(moved_in.iter().all(|s| four[s] == "r4"), "shards moved between staying replicas: {moved_in:?}");
     await_everywhere(&f, "keda-1.2.0").await;
     let (total, within) = handovers_within(&f, &["r1", "r2", "r3"], "2").await;
+    let report = check(&f, true);
+    // A graceful handover, from the old holder's release to the new holder's claim, read from
+    // the Lease history. (The metric also counts the drain before the release, which waits
+    // for in-flight syncs and so depends on the machine's load: reported, not asserted.)
+    let mut gaps = Vec::new();
+    for timeline in report.timelines.values() {
+        // (previous holder, when it released)
+        let mut released: Option<(&str, k8s_openapi::jiff::Timestamp)> = None;
+        let mut holder = "";
+        for change in timeline {
+            match (holder.is_empty(), change.holder.is_empty()) {
+                (false, true) => released = Some((holder, change.time)),
+                (true, false) => {
+                    if let Some((_, at)) = released.take().filter(|(previous, _)| *previous != change.holder) {
+                        gaps.push(change.time.duration_since(at).as_secs_f64());
+                    }
+                }
+                _ => {}
+            }
+            holder = &change.holder;
+        }
+    }
+    let longest_gap = gaps.iter().copied().fold(0.0, f64::max);
     eprintln!(
-        "moved 3->4: {} shards, 4->3: {} shards; scale-in converged after {:.1}s; handovers {within}/{total} within 2s",
+        "moved 3->4: {} shards, 4->3: {} shards; scale-in converged after {:.1}s; {} graceful handovers, \
+         release -> claim at most {longest_gap:.3}s; desired -> claim within 2s: {within}/{total}; \
+         longest unowned window: {:?}",
         moved_out.len(),
         moved_in.len(),
-        scale_in.as_secs_f64()
+        scale_in.as_secs_f64(),
+        gaps.len(),
+        report.longest_unowned
     );
-    assert!(total > 0.0 && within == total, "graceful handovers over 2s: {within} of {total} within");
-    let report = check(&f, true);
-    eprintln!("longest unowned window: {:?}", report.longest_unowned);
+    assert!(gaps.len() >= moved_out.len() + moved_in.len(), "handovers missing from the Lease history: {gaps:?}");
+    assert!(longest_gap < 2.0, "a graceful handover took {longest_gap:.3}s from release to claim");
 }
 
 #[tokio::test]
@@ -227,15 +253,12 @@ async fn new_coordinator_moves_nothing_well_placed() {
     let coordinator = t.coordinator.clone();
     assert!(["r1", "r2", "r3"].contains(&coordinator.as_str()), "coordinator {coordinator:?}");
     let before = holders(&t);
-    let assignments_before: f64 = {
-        let mut sum = 0.0;
-        for r in ["r1", "r2", "r3"] {
-            sum += f.metric(r, "catalogsync_shard_assignments_total", &[]).await;
-        }
-        sum
-    };
-    f.kill(&coordinator);
     let rest: Vec<&str> = ["r1", "r2", "r3"].into_iter().filter(|r| *r != coordinator).collect();
+    let mut assignments_before = 0.0;
+    for r in &rest {
+        assignments_before += f.metric(r, "catalogsync_shard_assignments_total", &[]).await;
+    }
+    f.kill(&coordinator);
     let after = await_converged(&f, &rest).await;
     assert!(rest.contains(&after.coordinator.as_str()), "no new coordinator: {:?}", after.coordinator);
     let after = holders(&after);
@@ -245,10 +268,13 @@ async fn new_coordinator_moves_nothing_well_placed() {
     for r in &rest {
         assignments_after += f.metric(r, "catalogsync_shard_assignments_total", &[]).await;
     }
-    eprintln!("assignments by the new coordinator: {assignments_after} (moved {} shards)", moved.len());
+    let new_assignments = assignments_after - assignments_before;
+    eprintln!("the new coordinator wrote {new_assignments} assignments; {} shards moved", moved.len());
+    // It re-assigns the dead replica's shards and nothing else.
     assert!(
-        assignments_after - 0.0 <= moved.len() as f64 + assignments_before,
-        "the new coordinator reassigned more than the dead replica's shards"
+        new_assignments <= moved.len() as f64,
+        "the new coordinator wrote {new_assignments} assignments for {} moved shards",
+        moved.len()
     );
     check(&f, true);
 }
