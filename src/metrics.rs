@@ -37,6 +37,8 @@ pub struct ShardMetrics {
     pub owned_clusters: IntGaugeVec,
     /// `catalogsync_shards_held`.
     pub held: IntGauge,
+    /// `catalogsync_shard_drain_oldest_seconds`.
+    pub drain_oldest: prometheus::Gauge,
     /// `catalogsync_shard_handovers_total{op}`.
     pub handovers: IntCounterVec,
     /// `catalogsync_shard_handover_duration_seconds`.
@@ -78,6 +80,11 @@ impl ShardMetrics {
             r.register(Box::new(c.clone()))?;
             Ok(c)
         };
+        let drain_oldest = prometheus::Gauge::new(
+            "catalogsync_shard_drain_oldest_seconds",
+            "How long the longest-draining shard of this replica has been draining, in seconds (0 when none drains).",
+        )?;
+        r.register(Box::new(drain_oldest.clone()))?;
         let unowned_oldest = prometheus::Gauge::new(
             "catalogsync_unowned_oldest_seconds",
             "Age of the oldest shard without a live holder, in seconds (coordinator only; 0 elsewhere).",
@@ -91,6 +98,7 @@ impl ShardMetrics {
                 &["shard"],
             )?,
             held: gauge(r, "catalogsync_shards_held", "Shards this replica holds and works on.")?,
+            drain_oldest,
             handovers: counter_vec(
                 r,
                 "catalogsync_shard_handovers_total",

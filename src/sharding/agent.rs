@@ -268,6 +268,15 @@ impl Agent {
             })
             .collect();
         self.metrics.held.set(held);
+        let now = Instant::now();
+        let oldest_drain = local
+            .iter()
+            .filter_map(|l| match l {
+                Local::Draining(since) => Some(now.saturating_duration_since(*since).as_secs_f64()),
+                _ => None,
+            })
+            .fold(0.0, f64::max);
+        self.metrics.drain_oldest.set(oldest_drain);
         self.debug.send_replace(ShardsDebug {
             identity: self.identity.clone(),
             is_coordinator: self.metrics.is_coordinator.get() == 1,
