@@ -148,13 +148,21 @@ impl Scenario {
 
     /// Creates Kyma `name` with `labels` and no Secret.
     pub async fn add_kyma_without_secret(&self, name: &str, labels: &[(&str, &str)]) -> Result<()> {
+        self.apply_kyma(name, labels, &[]).await
+    }
+
+    /// Writes Kyma `name` with `labels` and `finalizers` (server-side apply).
+    async fn apply_kyma(&self, name: &str, labels: &[(&str, &str)], finalizers: &[&str]) -> Result<()> {
         let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
-        let body = json!({
+        let mut body = json!({
             "apiVersion": "operator.kyma-project.io/v1beta2",
             "kind": "Kyma",
             "metadata": {"name": name, "namespace": self.ns, "labels": labels},
             "spec": {"channel": "regular"},
         });
+        if !finalizers.is_empty() {
+            body["metadata"]["finalizers"] = json!(finalizers);
+        }
         self.kymas()
             .patch(name, &PatchParams::apply(CATALOG_AUTHOR).force(), &Patch::Apply(&body))
             .await
@@ -361,18 +369,7 @@ impl Scenario {
         finalizers: &[&str],
     ) -> Result<()> {
         self.put_secret(name, name, &self.skr_kubeconfig(name, skr)).await?;
-        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
-        let body = json!({
-            "apiVersion": "operator.kyma-project.io/v1beta2",
-            "kind": "Kyma",
-            "metadata": {"name": name, "namespace": self.ns, "labels": labels, "finalizers": finalizers},
-            "spec": {"channel": "regular"},
-        });
-        self.kymas()
-            .patch(name, &PatchParams::apply(CATALOG_AUTHOR).force(), &Patch::Apply(&body))
-            .await
-            .with_context(|| format!("failed to create kyma {name}"))?;
-        Ok(())
+        self.apply_kyma(name, labels, finalizers).await
     }
 
     /// Deletes Kyma `name` (with a finalizer left it stays, with a `deletionTimestamp`).
