@@ -155,8 +155,14 @@ pub struct RunArgs {
     #[arg(long, env = "CATALOGSYNC_LOG_FORMAT", value_enum, default_value = "plain", help_heading = "Operations")]
     pub log_format: LogFormat,
 
-    /// Log filter, in tracing's EnvFilter syntax (for example `info,catalogsync=debug`).
-    #[arg(long, env = "CATALOGSYNC_LOG", default_value = "info", help_heading = "Operations")]
+    /// Log filter, in tracing's EnvFilter syntax (for example `info,catalogsync=debug`). The
+    /// default quiets the election library, which logs every renewal attempt.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_LOG",
+        default_value = "info,kube_leader_election=warn",
+        help_heading = "Operations"
+    )]
     pub log_filter: String,
 
     /// How long in-flight work may take to finish after SIGTERM.
