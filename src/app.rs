@@ -51,15 +51,6 @@ pub enum AppError {
     /// Metrics could not be registered.
     #[error("failed to register metrics")]
     Metrics(#[source] prometheus::Error),
-    /// The HTTP server failed.
-    #[error("failed to serve HTTP on {addr}")]
-    Http {
-        /// Address.
-        addr: std::net::SocketAddr,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
     /// An essential task ended while the replica was not shutting down.
     #[error("essential task {0} ended unexpectedly")]
     TaskEnded(&'static str),
@@ -107,7 +98,6 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     let metrics = Metrics::new().map_err(AppError::Metrics)?;
     let ns = args.kcp_namespace.clone();
     let settings = Settings {
-        kcp_namespace: ns.clone(),
         sync_namespace: args.sync_namespace.clone(),
         restricted_modules: args.restricted_set(),
         resync_period: args.resync_period,

@@ -145,11 +145,6 @@ impl Error {
         }
     }
 
-    /// Bounded error label for metrics: the same as [`Error::reason`].
-    pub fn kind(&self) -> &'static str {
-        self.reason()
-    }
-
     /// Whether the cached SKR client must be dropped, so the next attempt re-reads the Secret
     /// and connects anew (rotated credentials, changed endpoint).
     pub fn evicts_client(&self) -> bool {

@@ -130,11 +130,6 @@ impl ShardView {
         self.inner.active.get(shard as usize).is_some_and(|a| a.load(Ordering::Acquire))
     }
 
-    /// The active shards.
-    pub fn active_shards(&self) -> Vec<u32> {
-        (0..self.inner.shards).filter(|s| self.is_active(*s)).collect()
-    }
-
     /// Syncs of a shard running now.
     pub fn in_flight(&self, shard: u32) -> usize {
         self.inner.in_flight.get(shard as usize).map_or(0, |n| n.load(Ordering::Acquire))

@@ -134,8 +134,6 @@ pub async fn run_catalog_loop(
     ctx: Arc<Context>,
     debounce: Duration,
 ) {
-    // A burst never delays a rebuild by more than this many debounce periods.
-    const MAX_DEBOUNCE_FACTOR: u32 = 5;
     // Publish nothing before every store finished its first list: an empty or partial catalog
     // would make every sync prune. A watch that keeps failing (a missing CRD, a denied list)
     // keeps the replica unready instead.
@@ -154,22 +152,11 @@ pub async fn run_catalog_loop(
             }
         }
     }
+    // The first state is published at once; later ones after their burst of changes settled.
     let mut first = true;
     loop {
-        if !first && changes.next().await.is_none() {
+        if !std::mem::take(&mut first) && !settle(&mut changes, debounce).await {
             return;
-        }
-        let deadline = tokio::time::Instant::now() + debounce * MAX_DEBOUNCE_FACTOR;
-        // The first state is published at once; later ones after the burst settled.
-        while !std::mem::replace(&mut first, false) {
-            let quiet = tokio::time::sleep(debounce);
-            tokio::select! {
-                more = changes.next() => if more.is_none() { return },
-                () = quiet => break,
-            }
-            if tokio::time::Instant::now() >= deadline {
-                break;
-            }
         }
         let state = stores.state(&ctx.settings.sync_namespace);
         if **publish.borrow() == state {
@@ -187,6 +174,27 @@ pub async fn run_catalog_loop(
         );
     }
 }
+
+/// Waits for the next change, then until no change came for `debounce` (at most
+/// [`MAX_DEBOUNCE_FACTOR`] debounce periods). Returns false when the changes ended.
+async fn settle(changes: &mut (impl Stream<Item = ()> + Unpin), debounce: Duration) -> bool {
+    if changes.next().await.is_none() {
+        return false;
+    }
+    let deadline = tokio::time::Instant::now() + debounce * MAX_DEBOUNCE_FACTOR;
+    loop {
+        tokio::select! {
+            more = changes.next() => if more.is_none() { return false },
+            () = tokio::time::sleep(debounce) => return true,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return true;
+        }
+    }
+}
+
+/// A burst never delays a rebuild by more than this many debounce periods.
+const MAX_DEBOUNCE_FACTOR: u32 = 5;
 
 fn record_catalog(ctx: &Context, state: &CatalogState) {
     let m = &ctx.metrics.catalog;

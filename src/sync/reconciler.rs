@@ -30,8 +30,6 @@ use crate::sync::executor::{SkrTarget, SyncReport};
 /// Sync settings taken from the command line.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// KCP namespace of Kymas, Secrets and the catalog.
-    pub kcp_namespace: String,
     /// SKR namespace of the copies.
     pub sync_namespace: String,
     /// Restricted module names.
