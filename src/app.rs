@@ -167,6 +167,7 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
             metrics.skr.clone(),
         ),
         settings,
+        full_lists: tokio::sync::Semaphore::new(args.full_list_concurrency),
         metrics: metrics.clone(),
         catalog: catalog_rx.clone(),
         secrets: secret_store.clone(),

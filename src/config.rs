@@ -98,6 +98,13 @@ pub struct RunArgs {
     #[arg(long, env = "CATALOGSYNC_SKR_CONCURRENCY", default_value = "4", help_heading = "Sync")]
     pub skr_concurrency: usize,
 
+    /// Most full lists of SKR copies this replica reads at the same time. A sync lists in full
+    /// only when it is cold (the first sync of an SKR by this replica, or after a failure); a
+    /// full list carries every copy of a kind, about 2 MB for a catalog of 25 modules, so this
+    /// bounds memory when many SKRs sync cold at once (start-up, shard takeover).
+    #[arg(long, env = "CATALOGSYNC_FULL_LIST_CONCURRENCY", default_value = "8", help_heading = "Sync")]
+    pub full_list_concurrency: usize,
+
     /// Timeout of one request to an SKR (connect, send and read).
     #[arg(long, env = "CATALOGSYNC_SKR_REQUEST_TIMEOUT", default_value = "3s", value_parser = parse_duration, help_heading = "Sync")]
     pub skr_request_timeout: Duration,
@@ -187,8 +194,8 @@ impl RunArgs {
         if self.resync_period.is_zero() {
             return Err("--resync-period must be positive".into());
         }
-        if self.concurrency == 0 || self.skr_concurrency == 0 {
-            return Err("--concurrency and --skr-concurrency must be at least 1".into());
+        if self.concurrency == 0 || self.skr_concurrency == 0 || self.full_list_concurrency == 0 {
+            return Err("--concurrency, --skr-concurrency and --full-list-concurrency must be at least 1".into());
         }
         if self.backoff_min > self.backoff_max {
             return Err("--backoff-min must not exceed --backoff-max".into());

@@ -15,9 +15,9 @@
 //!   bench Kymas match.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 
 use catalogsync::api::{BETA_LABEL, INTERNAL_LABEL, LAST_APPLIED_ANNOTATION, ModuleReleaseMeta, ModuleTemplate};
+use catalogsync::catalog::render::CopyDigest;
 use catalogsync::catalog::{DesiredObject, KindMemory, Observed};
 use kube::api::{ApiResource, DynamicObject, ObjectMeta};
 use serde_json::{Value, json};
@@ -45,7 +45,7 @@ pub const MODULES: [&str; 25] = [
     "transparent-proxy",
     "busola",
     "kyma-dashboard",
-    "cluster-ip",
+    "cluster-network",
     "sap-btp-audit",
     "logging",
     "monitoring",
@@ -197,7 +197,6 @@ pub fn module_template(m: usize, c: usize) -> DynamicObject {
     let mut labels: BTreeMap<String, String> = [
         ("operator.kyma-project.io/module-name", module.to_owned()),
         ("operator.kyma-project.io/controller-name", "klm-controller-manager".to_owned()),
-        ("ocm.software/component-name", format!("kyma-project.io/module/{module}")),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -208,9 +207,11 @@ pub fn module_template(m: usize, c: usize) -> DynamicObject {
     if c == 1 && INTERNAL_MODULES.contains(&m) {
         labels.insert(INTERNAL_LABEL.to_owned(), "true".to_owned());
     }
+    // A label value cannot hold a `/`, so the OCM component name is an annotation.
     let annotations = [
         ("operator.kyma-project.io/is-cluster-scoped".to_owned(), "false".to_owned()),
         ("operator.kyma-project.io/module-version".to_owned(), version.clone()),
+        ("ocm.software/component-name".to_owned(), format!("kyma-project.io/module/{module}")),
     ]
     .into();
     let mut obj = DynamicObject::new(&name, &ApiResource::erase::<ModuleTemplate>(&()));
@@ -351,7 +352,12 @@ pub fn cold_skr(desired: &BTreeMap<String, DesiredObject>) -> (Vec<Observed>, Ki
                 "operation": "Apply",
                 "time": "2025-06-03T10:00:00Z",
             }]);
-            Observed { name: name.clone(), resource_version: rv, managed: true, content: Some(Arc::new(content)) }
+            Observed {
+                name: name.clone(),
+                resource_version: rv,
+                managed: true,
+                content: Some(CopyDigest::of(&content)),
+            }
         })
         .collect();
     (observed, HashMap::new())

@@ -4,8 +4,9 @@
 //! How catalogsync knows a copy already matches without rewriting it (spec section 3):
 //!
 //! - **Cold** (first sync of an SKR by this replica, or after any failure): the SKR is listed
-//!   in full and each copy is compared field by field with the desired body
-//!   ([`crate::catalog::render::copy_matches`]). Matching copies are not written.
+//!   in full and each copy is compared with the desired body
+//!   ([`crate::catalog::render::CopyDigest`]: equal `spec`, desired labels and annotations
+//!   present). Matching copies are not written.
 //! - **Warm**: the SKR is listed metadata-only. A copy is unchanged when its
 //!   `resourceVersion` is the one this replica last saw for it *and* the desired body has the
 //!   content hash it had then. Any edit in the SKR changes the resourceVersion; any KCP change
@@ -14,12 +15,9 @@
 //! Orphans are copies carrying a `catalog-sync` managed-fields entry that are not desired.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-
-use serde_json::Value;
 
 use crate::catalog::DesiredObject;
-use crate::catalog::render::copy_matches;
+use crate::catalog::render::CopyDigest;
 
 /// An object of one kind found in the SKR sync namespace.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,8 +28,8 @@ pub struct Observed {
     pub resource_version: String,
     /// Whether a `catalog-sync` managed-fields entry exists, that is, whether it is ours to prune.
     pub managed: bool,
-    /// The whole object, when it was listed in full (cold sync).
-    pub content: Option<Arc<Value>>,
+    /// What a full list (cold sync) showed of it; `None` after a metadata-only list.
+    pub content: Option<CopyDigest>,
 }
 
 /// What this replica remembers of one kind in one SKR: per object name, the
@@ -68,7 +66,7 @@ pub fn plan(desired: &BTreeMap<String, DesiredObject>, observed: &[Observed], me
             continue;
         };
         let remembered = memory.get(name).is_some_and(|(rv, hash)| *rv == have.resource_version && *hash == want.hash);
-        let verified = have.content.as_deref().is_some_and(|content| copy_matches(&want.payload, content));
+        let verified = have.content.as_ref().is_some_and(|digest| digest.matches(&want.payload));
         if remembered || verified {
             out.unchanged.push((name.clone(), have.resource_version.clone(), want.hash));
         } else {

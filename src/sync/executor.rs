@@ -10,12 +10,14 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams,
+};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
-use crate::catalog::render::{copy_matches, is_subset};
+use crate::catalog::render::{CopyDigest, copy_matches, is_subset};
 use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Plan, plan};
 use crate::error::{Error, Result};
 use crate::metrics::SkrClientMetrics;
@@ -97,6 +99,9 @@ pub struct SkrTarget<'a> {
     /// Checked right before every write; false aborts the sync with
     /// [`Error::OwnershipLost`].
     pub may_write: &'a (dyn Fn() -> bool + Send + Sync),
+    /// Permits for full lists, shared by all syncs of the replica: a full list holds every
+    /// copy of a kind in memory (about 2 MB of JSON for a catalog of 25 modules).
+    pub full_lists: &'a tokio::sync::Semaphore,
 }
 
 fn api_resource(kind: CatalogKind) -> ApiResource {
@@ -243,18 +248,30 @@ impl SkrTarget<'_> {
     }
 
     /// Applies one copy. Server-side apply resets every field catalogsync owns, but fields an
-    /// SKR admin added under another field manager survive it; when the result still differs
-    /// from the desired copy, the object is replaced to drop them. Returns the new
-    /// resourceVersion.
+    /// SKR admin added under another field manager survive it. The apply asks for the result's
+    /// metadata only (the copy itself is about 30 KB): when `catalog-sync` is its only field
+    /// manager, it holds exactly the desired copy. Otherwise the object is read in full, and
+    /// when it still differs from the desired copy it is replaced to drop the foreign fields.
+    /// Returns the new resourceVersion.
     async fn apply_one(&self, api: &Api<DynamicObject>, kind: CatalogKind, obj: &DesiredObject) -> Result<String> {
         let wrap = |source| Error::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
         self.check_ownership()?;
-        let res = self.bounded(api.patch(&obj.name, &apply_params(), &Patch::Apply(&*obj.payload))).await;
+        let meta_api: Api<PartialObjectMeta<DynamicObject>> =
+            Api::namespaced_with(self.client.clone(), self.namespace, &api_resource(kind));
+        let res = self.bounded(meta_api.patch(&obj.name, &apply_params(), &Patch::Apply(&*obj.payload))).await;
         self.metrics.record("apply", &res);
         let applied = res.map_err(wrap)?;
-        let observed = serde_json::to_value(&applied).unwrap_or_default();
+        let foreign =
+            applied.metadata.managed_fields.iter().flatten().any(|f| f.manager.as_deref() != Some(SKR_FIELD_MANAGER));
+        if !foreign {
+            return Ok(applied.metadata.resource_version.unwrap_or_default());
+        }
+        let res = self.bounded(api.get(&obj.name)).await;
+        self.metrics.record("get", &res);
+        let current = res.map_err(wrap)?;
+        let observed = serde_json::to_value(&current).unwrap_or_default();
         if copy_matches(&obj.payload, &observed) {
-            return Ok(applied.resource_version().unwrap_or_default());
+            return Ok(current.resource_version().unwrap_or_default());
         }
         self.check_ownership()?;
         let mut body = (*obj.payload).clone();
@@ -265,7 +282,7 @@ impl SkrTarget<'_> {
             }
             body["metadata"][field] = Value::Object(merged);
         }
-        body["metadata"]["resourceVersion"] = json!(applied.resource_version());
+        body["metadata"]["resourceVersion"] = json!(current.resource_version());
         let replacement: DynamicObject = serde_json::from_value(body).map_err(|e| wrap(kube::Error::SerdeError(e)))?;
         let params = PostParams { field_manager: Some(SKR_FIELD_MANAGER.to_owned()), ..PostParams::default() };
         let res = self.bounded(api.replace(&obj.name, &params, &replacement)).await;
@@ -277,19 +294,21 @@ impl SkrTarget<'_> {
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.namespace, &api_resource(kind));
         let lp = ListParams::default();
         let wrap = |source| Error::ListSkrObjects { kind, source: Box::new(source) };
-        if full {
-            let res = self.bounded(api.list(&lp)).await;
-            self.metrics.record("list", &res);
-            let items = res.map_err(wrap)?.items;
-            Ok(items
-                .into_iter()
-                .map(|o| observed(&o.metadata, Some(Arc::new(serde_json::to_value(&o).unwrap_or_default()))))
-                .collect())
-        } else {
+        if !full {
             let res = self.bounded(api.list_metadata(&lp)).await;
             self.metrics.record("list", &res);
-            Ok(res.map_err(wrap)?.items.into_iter().map(|o| observed(&o.metadata, None)).collect())
+            return Ok(res.map_err(wrap)?.items.into_iter().map(|o| observed(&o.metadata, None)).collect());
         }
+        // A full list is read as text and digested one item at a time, so only the response
+        // text and one object are in memory at once; the permit bounds how many such lists a
+        // replica holds (cold starts and shard takeovers sync many SKRs cold at once).
+        let _permit = self.full_lists.acquire().await.ok();
+        let request =
+            kube::core::Request::new(api.resource_url()).list(&lp).map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
+        let res = self.bounded(self.client.request_text(request)).await;
+        self.metrics.record("list", &res);
+        let text = res.map_err(wrap)?;
+        digest_list(&text).map_err(|e| wrap(kube::Error::SerdeError(e)))
     }
 
     /// Creates the sync namespace when missing. Returns the number of writes (0 or 1).
@@ -356,7 +375,58 @@ impl SkrTarget<'_> {
     }
 }
 
-fn observed(meta: &kube::api::ObjectMeta, content: Option<Arc<Value>>) -> Observed {
+/// Reads a full list response (`{"items": [...]}`), keeping of each item what a plan needs:
+/// name, resourceVersion, whether it is managed, and its [`CopyDigest`].
+fn digest_list(text: &str) -> serde_json::Result<Vec<Observed>> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    struct Items;
+    impl<'de> DeserializeSeed<'de> for Items {
+        type Value = Vec<Observed>;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Items {
+        type Value = Vec<Observed>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of objects")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(item) = seq.next_element::<Value>()? {
+                let meta: kube::api::ObjectMeta =
+                    serde_json::from_value(item["metadata"].clone()).map_err(serde::de::Error::custom)?;
+                out.push(observed(&meta, Some(CopyDigest::of(&item))));
+            }
+            Ok(out)
+        }
+    }
+    struct List;
+    impl<'de> Visitor<'de> for List {
+        type Value = Vec<Observed>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list response")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "items" {
+                    items = map.next_value_seed(Items)?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(items)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let items = de.deserialize_map(List)?;
+    de.end()?;
+    Ok(items)
+}
+
+fn observed(meta: &kube::api::ObjectMeta, content: Option<CopyDigest>) -> Observed {
     Observed {
         name: meta.name.clone().unwrap_or_default(),
         resource_version: meta.resource_version.clone().unwrap_or_default(),

@@ -68,6 +68,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Ownership gate.
     pub shards: ShardView,
+    /// Permits for full lists of SKR copies (`--full-list-concurrency`).
+    pub full_lists: tokio::sync::Semaphore,
     /// Bookkeeping shared with the catalog watcher.
     pub book: Book,
 }
@@ -316,6 +318,7 @@ async fn sync_skr(
         request_timeout: ctx.settings.skr_request_timeout,
         metrics: &ctx.metrics.skr,
         may_write: &may_write,
+        full_lists: &ctx.full_lists,
     };
     target.sync(desired, &catalog.crds, &mut state).await
 }

@@ -1,7 +1,9 @@
 //! Plans (spec section 3: apply what is missing or differs, prune only managed orphans, write
 //! nothing that is already there), plus the snapshot and render behaviour plans rely on.
 
-use serde_json::json;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
 
 use super::*;
 use crate::api::{LAST_APPLIED_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
@@ -30,6 +32,11 @@ fn desired_of<'a>(objects: impl IntoIterator<Item = &'a DesiredObject>) -> BTree
 /// What a full (cold) list returns for a copy of `want`: the body plus what the SKR's
 /// apiserver adds.
 fn listed_copy(want: &DesiredObject, rv: &str, managed: bool) -> Observed {
+    listed_copy_edited(want, rv, managed, |_| {})
+}
+
+/// [`listed_copy`] of a copy that `edit` changed in the SKR.
+fn listed_copy_edited(want: &DesiredObject, rv: &str, managed: bool, edit: impl FnOnce(&mut Value)) -> Observed {
     let mut content = (*want.payload).clone();
     content["metadata"]["resourceVersion"] = json!(rv);
     content["metadata"]["uid"] = json!("9d8c7b6a-skr");
@@ -38,7 +45,13 @@ fn listed_copy(want: &DesiredObject, rv: &str, managed: bool) -> Observed {
     if managed {
         content["metadata"]["managedFields"] = json!([{"manager": "catalog-sync", "operation": "Apply"}]);
     }
-    Observed { name: want.name.clone(), resource_version: rv.to_owned(), managed, content: Some(Arc::new(content)) }
+    edit(&mut content);
+    Observed {
+        name: want.name.clone(),
+        resource_version: rv.to_owned(),
+        managed,
+        content: Some(CopyDigest::of(&content)),
+    }
 }
 
 /// What a metadata-only (warm) list returns.
@@ -83,9 +96,8 @@ fn plan_of_nothing_against_nothing_is_a_noop() {
 #[test]
 fn cold_copy_that_matches_is_unchanged() {
     let keda = desired_mt("keda", "1.0.0");
-    let mut observed = listed_copy(&keda, "17", true);
     // Labels or annotations others add are not drift.
-    Arc::make_mut(observed.content.as_mut().expect("listed in full"))["metadata"]["labels"]["team"] = json!("x");
+    let observed = listed_copy_edited(&keda, "17", true, |c| c["metadata"]["labels"]["team"] = json!("x"));
     let plan = plan(&desired_of([&keda]), &[observed], &KindMemory::new());
     assert_eq!(plan.apply, vec![]);
     assert_eq!(plan.prune, Vec::<String>::new());
@@ -105,8 +117,7 @@ fn cold_copy_that_matches_is_unchanged_even_if_memory_is_stale() {
 #[test]
 fn cold_copy_whose_spec_differs_is_applied() {
     let keda = desired_mt("keda", "1.0.0");
-    let mut observed = listed_copy(&keda, "17", true);
-    Arc::make_mut(observed.content.as_mut().expect("listed in full"))["spec"]["descriptor"]["edited"] = json!(true);
+    let observed = listed_copy_edited(&keda, "17", true, |c| c["spec"]["descriptor"]["edited"] = json!(true));
     let plan = plan(&desired_of([&keda]), &[observed], &KindMemory::new());
     assert_eq!(plan.apply, vec![keda]);
     assert_eq!(plan.prune, Vec::<String>::new());
@@ -116,9 +127,9 @@ fn cold_copy_whose_spec_differs_is_applied() {
 #[test]
 fn cold_copy_missing_a_desired_label_is_applied() {
     let keda = desired_mt("keda", "1.0.0");
-    let mut observed = listed_copy(&keda, "17", true);
-    let content = Arc::make_mut(observed.content.as_mut().expect("listed in full"));
-    content["metadata"]["labels"].as_object_mut().expect("labels").remove(MANAGED_BY_LABEL);
+    let observed = listed_copy_edited(&keda, "17", true, |c| {
+        c["metadata"]["labels"].as_object_mut().expect("labels").remove(MANAGED_BY_LABEL);
+    });
     let plan = plan(&desired_of([&keda]), &[observed], &KindMemory::new());
     assert_eq!(applied(&plan), ["keda-1.0.0"]);
     assert_eq!(plan.unchanged, vec![]);
@@ -250,8 +261,7 @@ fn unmanaged_copy_with_identical_content_is_unchanged() {
 #[test]
 fn unmanaged_copy_that_differs_is_applied_not_pruned() {
     let keda = desired_mt("keda", "1.0.0");
-    let mut observed = listed_copy(&keda, "5", false);
-    Arc::make_mut(observed.content.as_mut().expect("listed in full"))["spec"]["version"] = json!("0.0.1");
+    let observed = listed_copy_edited(&keda, "5", false, |c| c["spec"]["version"] = json!("0.0.1"));
     let plan = plan(&desired_of([&keda]), &[observed], &KindMemory::new());
     assert_eq!(plan.apply, vec![keda]);
     assert_eq!(plan.prune, Vec::<String>::new());
