@@ -67,13 +67,45 @@ pub async fn client_from_secret(secret: &Secret, timeouts: &AccessTimeouts) -> R
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| invalid(format!("the kubeconfig is not usable: {e}")))?;
-    config.connect_timeout = Some(timeouts.connect);
-    config.read_timeout = Some(timeouts.request);
-    config.write_timeout = Some(timeouts.request);
     if let Ok(agent) = http::HeaderValue::from_str(&timeouts.user_agent) {
         config.headers.push((http::header::USER_AGENT, agent));
     }
-    Client::try_from(config).map_err(|e| invalid(format!("no client can be built from it: {e}")))
+    build_client(&config, timeouts.connect).map_err(|e| invalid(format!("no client can be built from it: {e}")))
+}
+
+/// How long an idle connection to an SKR is kept. A replica syncs an SKR about once per
+/// resync period (minutes), so a connection kept much longer than a burst of syncs is only
+/// memory (its TLS and read buffers); 30 s keeps it for the syncs of one catalog release.
+pub const SKR_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Builds an SKR client: kube's stack (base URI, retries, credentials, headers) over a
+/// connection pool that keeps at most one idle connection per SKR, for [`SKR_IDLE_TIMEOUT`].
+/// kube's default client keeps every connection it opened (up to `--skr-concurrency` per SKR)
+/// for 90 s: with one client per SKR and thousands of SKRs per replica, a catalog release
+/// leaves thousands of idle TLS connections behind. Every request is bounded by the
+/// executor's request timeout.
+fn build_client(config: &kube::Config, connect_timeout: Duration) -> std::result::Result<Client, kube::Error> {
+    use kube::client::ConfigExt as _;
+    use tower::ServiceBuilder;
+
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(connect_timeout));
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let pool = hyper_util::client::legacy::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(SKR_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(1)
+        .build(https);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        // As kube's default client: 429, 503 and 504 are retried (an SKR answers 429 while the
+        // storage of a CRD it just created initialises), within the executor's request timeout.
+        .layer(tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()))
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(pool);
+    Ok(Client::new(service, config.default_namespace.clone()))
 }
 
 #[cfg(test)]
