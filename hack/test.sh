@@ -7,7 +7,7 @@
 # the first run, 10-25 minutes on 2 cores, cached in ~/.cache/catalogsync afterwards),
 # kustomize (hack/kustomize.sh, same cache),
 # rustfmt, clippy, all unit and integration tests (the integration tests start their own
-# apiservers), rustdoc. Every step runs even when an earlier one failed, so one run reports
+# apiservers), rustdoc, and the fleet harness's smoke scenario. Every step runs even when an earlier one failed, so one run reports
 # everything; the exit status is non-zero when any step failed.
 #
 # The last line of output is always the test summary, `N passed, N failed`.
@@ -103,6 +103,23 @@ if ((failed > 0)) && [[ " ${failed_steps[*]} " != *" cargo test "* ]]; then
 fi
 
 step "cargo doc" env RUSTDOCFLAGS=-Dwarnings cargo doc --locked --no-deps
+
+# The fleet harness's smoke scenario (docs/performance.md): 50 simulated SKRs, two replicas and
+# the baseline, end to end, so the harness does not rot. Counted as one test.
+fleet_smoke() {
+  local dir
+  dir="$(mktemp -d "${TMPDIR:-/tmp}/catalogsync-fleet-smoke.XXXXXX")"
+  FLEET_PROFILE=debug hack/fleet.sh run smoke --dir "$dir"
+  local rc=$?
+  rm -rf "$dir"
+  return $rc
+}
+step "fleet smoke" fleet_smoke
+if [[ " ${failed_steps[*]} " == *" fleet smoke "* ]]; then
+  failed=$((failed + 1))
+else
+  passed=$((passed + 1))
+fi
 
 summary
 if ((${#failed_steps[@]} > 0)); then
