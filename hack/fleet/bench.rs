@@ -605,12 +605,7 @@ fn support_plural_mt() -> &'static str {
 /// 0 when it cannot be read.
 pub async fn metric(port: u16, name: &str, labels: &[&str]) -> f64 {
     let Ok((_, body)) = common::fleet::http_get(port, "/metrics").await else { return 0.0 };
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.split(['{', ' ']).next() == Some(name))
-        .filter(|l| labels.iter().all(|frag| l.contains(frag)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    common::fleet::metric_sum(&body, name, labels)
 }
 
 /// Waits for the first line of `log` that parses as a JSON object.

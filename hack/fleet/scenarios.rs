@@ -342,7 +342,9 @@ async fn fleet(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Re
 
     let new_module = new_module(&bench, sync_timeout).await?;
     let faults_table = fault_run(&bench, args.latency_ms).await?;
+    eprintln!("  measured (new module): {}\n  measured (faults):\n{faults_table}", new_module.join(" | "));
     let rebalance = rebalance(&mut bench).await?;
+    eprintln!("  measured (rebalance):\n{rebalance}");
     bench.terminate_all().await?;
 
     for &replicas in args.replicas.iter().filter(|&&r| r != 3) {
@@ -368,6 +370,7 @@ async fn fleet(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Re
 
     // Steady state: 3 fresh replicas with a short resync period, 3 periods.
     let steady = steady(args, &mut bench).await?;
+    eprintln!("  measured (steady): {}", steady.join(" | "));
 
     if !args.no_growth {
         eprintln!("growing to {} Kymas", 2 * n);
@@ -965,6 +968,17 @@ async fn calibrate(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -
         slowed.push(probe(&sim_client, p, &mt).await?);
     }
     sim.set_faults(&Faults::default()).await?;
+    let sizes = [("list-meta moduletemplates", true), ("list moduletemplates (full)", false)];
+    let mut size_rows = Vec::new();
+    for (what, meta) in sizes {
+        let r = response_bytes(&real_client, meta).await?;
+        let s = response_bytes(&sim_client, meta).await?;
+        size_rows.push(vec![what.to_owned(), r.to_string(), s.to_string(), f2(s as f64 / r.max(1) as f64)]);
+    }
+    report.section(
+        "Calibration: response sizes of one SKR's lists (bytes of JSON)",
+        &table(&["request", "real SKR apiserver", "simulator", "simulator / real"], &size_rows),
+    );
     let lat_rows: Vec<Vec<String>> = probes
         .iter()
         .enumerate()
@@ -1030,6 +1044,17 @@ async fn probe(client: &kube::Client, kind: Probe, mt: &str) -> Result<Dist> {
         }
     }
     Ok(Dist::of(&samples))
+}
+
+/// Bytes of one list of the SKR's ModuleTemplates, metadata-only or full.
+async fn response_bytes(client: &kube::Client, meta_only: bool) -> Result<usize> {
+    let ar = kube::api::ApiResource::erase::<catalogsync::api::ModuleTemplate>(&());
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(client.clone(), crate::bench::SYNC_NS, &ar);
+    let request = kube::core::Request::new(api.resource_url());
+    let lp = kube::api::ListParams::default();
+    let req = if meta_only { request.list_metadata(&lp)? } else { request.list(&lp)? };
+    Ok(client.request_text(req).await?.len())
 }
 
 /// Requests per "<audit verb> <resource>" in the audit logs between two instants, by

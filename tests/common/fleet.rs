@@ -300,12 +300,7 @@ impl Fleet {
     /// of `labels` (`key="value"` fragments); 0 when it cannot be read.
     pub async fn metric(&self, identity: &str, name: &str, labels: &[&str]) -> f64 {
         let Ok((_, body)) = self.http_get(identity, "/metrics").await else { return 0.0 };
-        body.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter(|l| l.split(['{', ' ']).next() == Some(name))
-            .filter(|l| labels.iter().all(|frag| l.contains(frag)))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        metric_sum(&body, name, labels)
     }
 
     /// The log of replica `identity` so far ("" when there is none).
@@ -360,6 +355,18 @@ impl Drop for Fleet {
             }
         }
     }
+}
+
+/// Sum of the values of metric `name` in a Prometheus text exposition, over the series whose
+/// labels contain all of `labels` (`key="value"` fragments).
+pub fn metric_sum(exposition: &str, name: &str, labels: &[&str]) -> f64 {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(|l| labels.iter().all(|frag| l.contains(frag)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// GETs `path` from `127.0.0.1:<port>` with HTTP/1.1; returns status code and body.

@@ -334,12 +334,7 @@ impl Scenario {
     /// (`key="value"` fragments).
     pub async fn metric(&self, name: &str, labels: &[&str]) -> f64 {
         let Ok((_, body)) = self.http_get("/metrics").await else { return 0.0 };
-        body.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter(|l| l.split(['{', ' ']).next() == Some(name))
-            .filter(|l| labels.iter().all(|frag| l.contains(frag)))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        super::fleet::metric_sum(&body, name, labels)
     }
 }
 
