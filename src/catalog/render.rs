@@ -54,14 +54,16 @@ pub fn render_copy(obj: &DynamicObject, kind: CatalogKind, sync_namespace: &str)
 /// label and annotation present with the same value. Extra labels or annotations that others
 /// put on the copy do not count as drift: server-side apply would not remove them either.
 pub fn copy_matches(desired: &Value, observed: &Value) -> bool {
-    if desired.get("spec") != observed.get("spec") {
-        return false;
-    }
-    ["labels", "annotations"].iter().all(|field| {
-        let want = desired.pointer(&format!("/metadata/{field}")).and_then(Value::as_object);
-        let have = observed.pointer(&format!("/metadata/{field}")).and_then(Value::as_object);
-        want.into_iter().flatten().all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
-    })
+    desired.get("spec") == observed.get("spec")
+        && ["labels", "annotations"].iter().all(|field| {
+            carries(desired, field, observed.pointer(&format!("/metadata/{field}")).and_then(Value::as_object))
+        })
+}
+
+/// Whether `have` holds every entry of `desired`'s `metadata.<field>` with the same value.
+fn carries(desired: &Value, field: &str, have: Option<&Map<String, Value>>) -> bool {
+    let want = desired.pointer(&format!("/metadata/{field}")).and_then(Value::as_object);
+    want.into_iter().flatten().all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
 }
 
 /// What a cold sync keeps of a copy listed in full: the content hash of its `spec` and its
@@ -71,8 +73,8 @@ pub fn copy_matches(desired: &Value, observed: &Value) -> bool {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CopyDigest {
     spec_hash: Option<u64>,
-    labels: serde_json::Map<String, Value>,
-    annotations: serde_json::Map<String, Value>,
+    labels: Map<String, Value>,
+    annotations: Map<String, Value>,
 }
 
 impl CopyDigest {
@@ -94,10 +96,7 @@ impl CopyDigest {
         if desired.get("spec").map(crate::catalog::content_hash) != self.spec_hash {
             return false;
         }
-        [("labels", &self.labels), ("annotations", &self.annotations)].iter().all(|(field, have)| {
-            let want = desired.pointer(&format!("/metadata/{field}")).and_then(Value::as_object);
-            want.into_iter().flatten().all(|(k, v)| have.get(k) == Some(v))
-        })
+        carries(desired, "labels", Some(&self.labels)) && carries(desired, "annotations", Some(&self.annotations))
     }
 }
 
