@@ -6,8 +6,12 @@
 //!   deletecollection; successful or not: every write the apiserver received) by replica R
 //!   for shard s at `requestReceivedTimestamp` t must fall where the holder of the Lease
 //!   `catalogsync-shard-<s>` was R. The holder at t is the `spec.holderIdentity` of the last
-//!   successful write of that Lease whose `stageTimestamp` is at or before t ("" = unheld; a
-//!   deleted Lease is unheld).
+//!   successful write of that Lease whose `requestReceivedTimestamp` is at or before t ("" =
+//!   unheld; a deleted Lease is unheld). A write takes effect somewhere between its
+//!   `requestReceivedTimestamp` and its `stageTimestamp`, and the `stageTimestamp` of
+//!   `ResponseComplete` can trail the moment the client has the response by hundreds of
+//!   milliseconds on a loaded machine; the received time is the earliest a claim can count
+//!   (nothing that depends on it can reach an SKR sooner) and the strictest end of a tenure.
 //! - **No SKR forgotten.** The longest window per shard in which its Lease had no holder (or,
 //!   with [`InvariantOptions::member_liveness`], a holder whose member Lease
 //!   `catalogsync-member-<identity>` was expired: `renewTime + leaseDurationSeconds < t`,
@@ -44,7 +48,7 @@ const SHOWN: usize = 10;
 /// One successful write (create, update, patch, delete) of a Lease, from a KCP audit log.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LeaseWrite {
-    /// `stageTimestamp` of the `ResponseComplete` event: the write is visible from here on.
+    /// `requestReceivedTimestamp`: the write cannot have taken effect earlier.
     pub time: Timestamp,
     /// create, update, patch or delete.
     pub verb: String,
@@ -140,7 +144,6 @@ struct RawEvent {
     response_status: Option<RawStatus>,
     response_object: Option<serde_json::Value>,
     request_received_timestamp: String,
-    stage_timestamp: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -213,7 +216,7 @@ fn parse_time(text: &str, what: &str) -> Result<Timestamp> {
 }
 
 /// The successful Lease writes (group `coordination.k8s.io`; verbs create, update, patch,
-/// delete; 2xx) in a KCP audit log text, ordered by `stageTimestamp`.
+/// delete; 2xx) in a KCP audit log text, ordered by `requestReceivedTimestamp`.
 ///
 /// # Errors
 /// Fails when a complete line that mentions `leases` is not an audit event, or a timestamp
@@ -246,7 +249,7 @@ pub fn parse_lease_writes(text: &str) -> Result<Vec<LeaseWrite>> {
         let optional_time =
             |t: &Option<String>, what: &str| t.as_deref().filter(|t| !t.is_empty()).map(|t| parse_time(t, what));
         writes.push(LeaseWrite {
-            time: parse_time(&event.stage_timestamp, "stageTimestamp")?,
+            time: parse_time(&event.request_received_timestamp, "requestReceivedTimestamp")?,
             verb: event.verb.clone(),
             code: event.code(),
             user: event.user.username.clone(),
@@ -337,7 +340,7 @@ pub fn read_skr_writes(path: &Path) -> Result<Vec<SkrWrite>> {
 /// One point of a shard's holder timeline: a successful write of its Lease.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HolderChange {
-    /// `stageTimestamp` of the write.
+    /// `requestReceivedTimestamp` of the write.
     pub time: Timestamp,
     /// The holder from then on ("" = unheld).
     pub holder: String,
@@ -700,7 +703,7 @@ mod tests {
         ts(seconds).parse().expect("a valid time")
     }
 
-    /// A Lease write event at `t` seconds (stageTimestamp) with `holder`.
+    /// A Lease write event received at `t` seconds with `holder`, completed 0.3 s later.
     fn lease_line(verb: &str, name: &str, holder: Option<&str>, t: f64, code: u16, renew: Option<f64>) -> String {
         let mut spec = json!({"leaseDurationSeconds": 6});
         if let Some(holder) = holder {
@@ -722,7 +725,7 @@ mod tests {
                 "metadata": {"name": name, "namespace": NS, "annotations": {"catalogsync.kyma-project.io/desired": "x"}},
                 "spec": spec,
             },
-            "requestReceivedTimestamp": ts(t - 0.001), "stageTimestamp": ts(t),
+            "requestReceivedTimestamp": ts(t), "stageTimestamp": ts(t + 0.3),
         })
         .to_string()
     }
@@ -843,6 +846,23 @@ mod tests {
         let shown = report.to_string();
         assert!(shown.contains("double-writer violations: 4"), "{shown}");
         assert!(std::panic::catch_unwind(|| report.assert_no_double_writer()).is_err());
+    }
+
+    #[test]
+    fn a_claim_counts_from_when_it_was_received() {
+        // The claim completes at 2.3 s by its stageTimestamp; the claimer had the response
+        // and wrote to the SKR before that (seen in CI on a loaded machine).
+        let kcp = [
+            lease_line("create", "catalogsync-shard-1", Some(""), 1.0, 201, None),
+            lease_line("update", "catalogsync-shard-1", Some("b"), 2.0, 200, Some(2.0)),
+        ];
+        let skr = [
+            skr_line("patch", "kyma-3", "catalogsync/0.1.0 (b)", 2.1, 200),
+            skr_line("patch", "kyma-3", "catalogsync/0.1.0 (b)", 1.9, 200), // before its claim
+        ];
+        let report = run(&kcp, &skr, &shards(&[("kyma-3", 1)]), &options());
+        assert_eq!(report.violations.len(), 1, "{report}");
+        assert!(report.violations[0].contains("holder then \"\""), "{}", report.violations[0]);
     }
 
     #[test]
