@@ -173,9 +173,25 @@ pub fn trigger_hash(kyma: &Kyma) -> Option<u64> {
 
 /// Syncs the SKR of one Kyma.
 ///
+/// kube's `Controller` polls all running reconciles inside its own task, so their CPU work
+/// (decoding lists, encoding apply bodies, TLS) would share one core. Each reconcile runs on
+/// a task of its own instead, so up to `--concurrency` syncs use every core. A sync keeps
+/// its in-flight guard inside that task, so shard handovers still wait for it.
+///
 /// # Errors
 /// Any [`Error`]; the Kyma's condition already says what went wrong.
 pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
+    use tracing::Instrument as _;
+    let task = tokio::spawn(reconcile_on_task(kyma, ctx).instrument(tracing::Span::current()));
+    match task.await {
+        Ok(result) => result,
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        // Cancelled: the runtime is shutting down.
+        Err(_) => Ok(Action::await_change()),
+    }
+}
+
+async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
     let name = kyma.name_any();
     let namespace = kyma.namespace().unwrap_or_default();
     if let Some(reason) = skip_reason(&kyma) {
