@@ -94,9 +94,12 @@ impl Agent {
         let mut written: HashMap<u32, Written> = HashMap::new();
         loop {
             self.tick(&mut local, &mut written).await;
+            // A sync ending matters only to a drain; otherwise thousands of syncs would each
+            // cost a pass over every shard and Kyma.
+            let draining = local.iter().any(|l| matches!(l, Local::Draining(_)));
             tokio::select! {
                 r = changed.changed() => if r.is_err() { break },
-                () = self.view.sync_ended() => {}
+                () = self.view.sync_ended(), if draining => {}
                 () = tokio::time::sleep(self.timing.retry_period) => {}
                 () = token.cancelled() => break,
             }
@@ -229,18 +232,18 @@ impl Agent {
     }
 
     fn kymas_of(&self, shard: u32) -> Vec<ObjectRef<Kyma>> {
-        self.kymas
-            .state()
-            .iter()
-            .filter(|k| self.view.shard_of(&k.namespace().unwrap_or_default(), &k.name_any()) == shard)
-            .map(|k| ObjectRef::from_obj(&**k))
-            .collect()
+        self.kymas.state().iter().filter(|k| self.shard_of(k) == shard).map(|k| ObjectRef::from_obj(&**k)).collect()
+    }
+
+    fn shard_of(&self, kyma: &Kyma) -> u32 {
+        let meta = &kyma.metadata;
+        self.view.shard_of(meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
     }
 
     fn publish(&self, leases: &BTreeMap<u32, Lease>, local: &[Local]) {
         let mut counts: BTreeMap<u32, usize> = BTreeMap::new();
         for k in self.kymas.state() {
-            *counts.entry(self.view.shard_of(&k.namespace().unwrap_or_default(), &k.name_any())).or_default() += 1;
+            *counts.entry(self.shard_of(&k)).or_default() += 1;
         }
         self.metrics.owned_clusters.reset();
         let mut held = 0;
