@@ -16,16 +16,18 @@ use serde_json::Value;
 
 use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
 use crate::catalog::selector;
-use crate::catalog::{CatalogKind, Snapshot, content_hash};
+use crate::catalog::{CatalogKind, CopyBody, Snapshot, serialize_copy};
 
 /// One object an SKR should hold.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DesiredObject {
     /// Object name in the SKR sync namespace.
     pub name: String,
-    /// The apply body.
+    /// The copy as a JSON value (to compare with what an SKR holds).
     pub payload: Arc<Value>,
-    /// [`content_hash`] of `payload`.
+    /// `payload` serialized: the apply body.
+    pub body: CopyBody,
+    /// [`content_hash`](crate::catalog::content_hash) of `payload`.
     pub hash: u64,
 }
 
@@ -149,17 +151,22 @@ pub fn desired_set(
         for c in &survivors {
             wanted_templates.insert(format!("{}-{}", mrm.module_name, c.version));
         }
-        let payload = if survivors.len() == mrm.channels.len() {
-            Arc::clone(&mrm.payload)
+        let object = if survivors.len() == mrm.channels.len() {
+            DesiredObject {
+                name: mrm.name.clone(),
+                payload: Arc::clone(&mrm.payload),
+                body: mrm.body.clone(),
+                hash: mrm.hash,
+            }
         } else {
-            let mut body = (*mrm.payload).clone();
-            if let Some(spec) = body.get_mut("spec").and_then(Value::as_object_mut) {
+            let mut copy = (*mrm.payload).clone();
+            if let Some(spec) = copy.get_mut("spec").and_then(Value::as_object_mut) {
                 spec.insert("channels".into(), serde_json::to_value(&survivors).unwrap_or_default());
             }
-            Arc::new(body)
+            let (body, hash) = serialize_copy(&copy);
+            DesiredObject { name: mrm.name.clone(), payload: Arc::new(copy), body, hash }
         };
-        let hash = content_hash(&payload);
-        out.release_metas.insert(mrm.name.clone(), DesiredObject { name: mrm.name.clone(), payload, hash });
+        out.release_metas.insert(mrm.name.clone(), object);
     }
 
     for mt in snapshot.templates.values() {
@@ -169,7 +176,12 @@ pub fn desired_set(
         if mt.is_allowed_for(kyma_beta, kyma_internal) && wanted_templates.contains(&key) {
             out.templates.insert(
                 mt.name.clone(),
-                DesiredObject { name: mt.name.clone(), payload: Arc::clone(&mt.payload), hash: mt.hash },
+                DesiredObject {
+                    name: mt.name.clone(),
+                    payload: Arc::clone(&mt.payload),
+                    body: mt.body.clone(),
+                    hash: mt.hash,
+                },
             );
         }
     }

@@ -57,3 +57,31 @@ pub fn content_hash(value: &serde_json::Value) -> u64 {
     let bytes = serde_json::to_vec(value).unwrap_or_default();
     xxhash_rust::xxh3::xxh3_64(&bytes)
 }
+
+/// A rendered copy serialized once, as every SKR gets it in its apply body. Applies send
+/// these bytes as they are, so an apply to thousands of SKRs does not encode the ~30 KB copy
+/// thousands of times.
+#[derive(Debug, Clone)]
+pub struct CopyBody(std::sync::Arc<serde_json::value::RawValue>);
+
+impl CopyBody {
+    /// The JSON text.
+    pub fn json(&self) -> &serde_json::value::RawValue {
+        &self.0
+    }
+}
+
+impl PartialEq for CopyBody {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+/// Serializes a rendered copy once: its [`CopyBody`] and its [`content_hash`] (over the same
+/// bytes).
+pub fn serialize_copy(value: &serde_json::Value) -> (CopyBody, u64) {
+    // Encoding a `Value` cannot fail: its map keys are strings and its numbers are finite.
+    let raw = serde_json::value::to_raw_value(value).expect("a JSON value always encodes");
+    let hash = xxhash_rust::xxh3::xxh3_64(raw.get().as_bytes());
+    (CopyBody(std::sync::Arc::from(raw)), hash)
+}

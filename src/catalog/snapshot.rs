@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
-use crate::catalog::{CatalogKind, content_hash, render::render_copy};
+use crate::catalog::{CatalogKind, CopyBody, render::render_copy, serialize_copy};
 
 /// A ModuleTemplate, reduced to what the filter needs, plus its rendered SKR copy.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,7 +28,9 @@ pub struct MtView {
     pub mandatory: bool,
     /// The SKR copy.
     pub payload: Arc<Value>,
-    /// [`content_hash`] of `payload`.
+    /// `payload` serialized: the apply body.
+    pub body: CopyBody,
+    /// [`content_hash`](crate::catalog::content_hash) of `payload`.
     pub hash: u64,
 }
 
@@ -55,6 +57,10 @@ pub struct MrmView {
     pub kyma_selector: Option<Result<LabelSelector, String>>,
     /// The SKR copy with every channel.
     pub payload: Arc<Value>,
+    /// `payload` serialized: the apply body when a Kyma may see every channel.
+    pub body: CopyBody,
+    /// [`content_hash`](crate::catalog::content_hash) of `payload`.
+    pub hash: u64,
 }
 
 /// A KCP object that could not be read into a view, and why.
@@ -153,6 +159,7 @@ impl MtView {
         let spec: MtSpecView = spec_of(obj)?;
         let labels = obj.metadata.labels.as_ref();
         let payload = render_copy(obj, CatalogKind::ModuleTemplate, sync_namespace);
+        let (body, hash) = serialize_copy(&payload);
         Ok(MtView {
             name,
             module_name: spec.module_name,
@@ -160,8 +167,9 @@ impl MtView {
             beta: is_flag_on(labels.and_then(|l| l.get(BETA_LABEL))),
             internal: is_flag_on(labels.and_then(|l| l.get(INTERNAL_LABEL))),
             mandatory: spec.mandatory.unwrap_or(false),
-            hash: content_hash(&payload),
             payload: Arc::new(payload),
+            body,
+            hash,
         })
     }
 }
@@ -180,13 +188,17 @@ impl MrmView {
             .kyma_selector
             .filter(|v| !v.is_null())
             .map(|v| LabelSelector::deserialize(v).map_err(|e| format!("kymaSelector does not parse: {e}")));
+        let payload = render_copy(obj, CatalogKind::ModuleReleaseMeta, sync_namespace);
+        let (body, hash) = serialize_copy(&payload);
         Ok(MrmView {
             name,
             module_name: spec.module_name,
             channels: spec.channels.unwrap_or_default(),
             mandatory: spec.mandatory.is_some_and(|m| !m.is_null()),
             kyma_selector,
-            payload: Arc::new(render_copy(obj, CatalogKind::ModuleReleaseMeta, sync_namespace)),
+            payload: Arc::new(payload),
+            body,
+            hash,
         })
     }
 }

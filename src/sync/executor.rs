@@ -10,10 +10,9 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams,
-};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
@@ -256,15 +255,16 @@ impl SkrTarget<'_> {
     async fn apply_one(&self, api: &Api<DynamicObject>, kind: CatalogKind, obj: &DesiredObject) -> Result<String> {
         let wrap = |source| Error::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
         self.check_ownership()?;
-        let meta_api: Api<PartialObjectMeta<DynamicObject>> =
-            Api::namespaced_with(self.client.clone(), self.namespace, &api_resource(kind));
-        let res = self.bounded(meta_api.patch(&obj.name, &apply_params(), &Patch::Apply(&*obj.payload))).await;
+        // The body goes out as serialized once per catalog change; the answer is decoded
+        // only as far as the resourceVersion and the field managers.
+        let request = kube::core::Request::new(api.resource_url())
+            .patch_metadata(&obj.name, &apply_params(), &Patch::Apply(obj.body.json()))
+            .map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
+        let res = self.bounded(self.client.request::<MetaOnly>(request)).await;
         self.metrics.record("apply", &res);
-        let applied = res.map_err(wrap)?;
-        let foreign =
-            applied.metadata.managed_fields.iter().flatten().any(|f| f.manager.as_deref() != Some(SKR_FIELD_MANAGER));
-        if !foreign {
-            return Ok(applied.metadata.resource_version.unwrap_or_default());
+        let applied = res.map_err(wrap)?.metadata;
+        if applied.managed_fields.iter().all(|f| f.manager == SKR_FIELD_MANAGER) {
+            return Ok(applied.resource_version);
         }
         let res = self.bounded(api.get(&obj.name)).await;
         self.metrics.record("get", &res);
@@ -295,9 +295,12 @@ impl SkrTarget<'_> {
         let lp = ListParams::default();
         let wrap = |source| Error::ListSkrObjects { kind, source: Box::new(source) };
         if !full {
-            let res = self.bounded(api.list_metadata(&lp)).await;
+            let request = kube::core::Request::new(api.resource_url())
+                .list_metadata(&lp)
+                .map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
+            let res = self.bounded(self.client.request::<MetaOnlyList>(request)).await;
             self.metrics.record("list", &res);
-            return Ok(res.map_err(wrap)?.items.into_iter().map(|o| observed(&o.metadata, None)).collect());
+            return Ok(res.map_err(wrap)?.items.into_iter().map(|o| observed(o.metadata, None)).collect());
         }
         // A full list is read as text and digested one item at a time, so only the response
         // text and one object are in memory at once; the permit bounds how many such lists a
@@ -395,9 +398,8 @@ fn digest_list(text: &str) -> serde_json::Result<Vec<Observed>> {
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
             let mut out = Vec::new();
             while let Some(item) = seq.next_element::<Value>()? {
-                let meta: kube::api::ObjectMeta =
-                    serde_json::from_value(item["metadata"].clone()).map_err(serde::de::Error::custom)?;
-                out.push(observed(&meta, Some(CopyDigest::of(&item))));
+                let meta = LeanMeta::deserialize(&item["metadata"]).map_err(serde::de::Error::custom)?;
+                out.push(observed(meta, Some(CopyDigest::of(&item))));
             }
             Ok(out)
         }
@@ -426,15 +428,103 @@ fn digest_list(text: &str) -> serde_json::Result<Vec<Observed>> {
     Ok(items)
 }
 
-fn observed(meta: &kube::api::ObjectMeta, content: Option<CopyDigest>) -> Observed {
+fn observed(meta: LeanMeta, content: Option<CopyDigest>) -> Observed {
     Observed {
-        name: meta.name.clone().unwrap_or_default(),
-        resource_version: meta.resource_version.clone().unwrap_or_default(),
-        managed: is_managed(meta.managed_fields.as_deref()),
+        managed: meta.managed_fields.iter().any(|f| f.manager == SKR_FIELD_MANAGER),
+        name: meta.name,
+        resource_version: meta.resource_version,
         content,
     }
 }
 
-fn is_managed(fields: Option<&[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry]>) -> bool {
-    fields.into_iter().flatten().any(|f| f.manager.as_deref() == Some(SKR_FIELD_MANAGER))
+/// The metadata a plan needs of an SKR object: everything else (the `fieldsV1` trees of
+/// managedFields above all, about half of a metadata-only list) is skipped while parsing,
+/// never built.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct LeanMeta {
+    name: String,
+    #[serde(deserialize_with = "null_as_default")]
+    resource_version: String,
+    #[serde(deserialize_with = "null_as_default")]
+    managed_fields: Vec<LeanManager>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct LeanManager {
+    #[serde(deserialize_with = "null_as_default")]
+    manager: String,
+}
+
+/// An object answered as `PartialObjectMetadata`, read through [`LeanMeta`].
+#[derive(Debug, Deserialize)]
+struct MetaOnly {
+    #[serde(default)]
+    metadata: LeanMeta,
+}
+
+/// A `PartialObjectMetadataList`, read through [`LeanMeta`].
+#[derive(Debug, Deserialize)]
+struct MetaOnlyList {
+    #[serde(default, deserialize_with = "null_as_default")]
+    items: Vec<MetaOnly>,
+}
+
+/// Go encodes an empty slice or string pointer as `null`; read it as empty.
+fn null_as_default<'de, D: serde::Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(name: &str, rv: &str, managers: &[&str]) -> Value {
+        let fields: Vec<Value> = managers
+            .iter()
+            .map(|m| json!({"manager": m, "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {".": {}}}}))
+            .collect();
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+               "metadata": {"name": name, "resourceVersion": rv, "labels": {"a": "b"}, "managedFields": fields}})
+    }
+
+    #[test]
+    fn metadata_lists_keep_name_version_and_managers_only() {
+        let text = json!({"kind": "PartialObjectMetadataList", "metadata": {"resourceVersion": "9"}, "items": [
+            item("a", "1", &[SKR_FIELD_MANAGER]),
+            item("b", "2", &["kubectl", "other"]),
+            item("c", "3", &[]),
+        ]})
+        .to_string();
+        let list: MetaOnlyList = serde_json::from_str(&text).expect("parses");
+        let got: Vec<Observed> = list.items.into_iter().map(|o| observed(o.metadata, None)).collect();
+        let summary: Vec<(&str, &str, bool)> =
+            got.iter().map(|o| (o.name.as_str(), o.resource_version.as_str(), o.managed)).collect();
+        assert_eq!(summary, [("a", "1", true), ("b", "2", false), ("c", "3", false)]);
+    }
+
+    #[test]
+    fn nulls_read_as_empty() {
+        let list: MetaOnlyList = serde_json::from_str(r#"{"items": null}"#).expect("parses");
+        assert!(list.items.is_empty());
+        let one: MetaOnly = serde_json::from_str(
+            r#"{"metadata": {"name": "x", "resourceVersion": null, "managedFields": [{"manager": null}]}}"#,
+        )
+        .expect("parses");
+        assert_eq!(one.metadata.resource_version, "");
+        assert_eq!(one.metadata.managed_fields.len(), 1);
+        assert_eq!(one.metadata.managed_fields[0].manager, "");
+    }
+
+    #[test]
+    fn full_lists_digest_each_item_with_its_metadata() {
+        let mut copy = item("m-1", "7", &[SKR_FIELD_MANAGER]);
+        copy["spec"] = json!({"descriptor": {"big": "x"}});
+        let text = json!({"items": [copy.clone()]}).to_string();
+        let got = digest_list(&text).expect("parses");
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].name.as_str(), got[0].resource_version.as_str(), got[0].managed), ("m-1", "7", true));
+        assert_eq!(got[0].content, Some(CopyDigest::of(&copy)));
+    }
 }

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::api::ChannelVersion;
+use crate::catalog::content_hash;
 use crate::fixtures::{MrmBuilder, MtBuilder, kyma_flags, kyma_labels, snapshot};
 
 // ---------------------------------------------------------------------------------------------
@@ -797,6 +798,9 @@ proptest! {
                 );
             }
             prop_assert_eq!(obj.hash, content_hash(&obj.payload));
+            // The apply body is the payload, byte for byte.
+            let value: Value = serde_json::from_str(obj.body.json().get()).expect("the body is JSON");
+            prop_assert_eq!(&value, &*obj.payload);
         }
     }
 

@@ -22,7 +22,12 @@ use crate::fixtures::{
 fn desired_mt(module: &str, version: &str) -> DesiredObject {
     let snap = snapshot(&[MtBuilder::new(module, version).build()], &[]);
     let view = snap.templates.values().next().expect("one template");
-    DesiredObject { name: view.name.clone(), payload: Arc::clone(&view.payload), hash: view.hash }
+    DesiredObject {
+        name: view.name.clone(),
+        payload: Arc::clone(&view.payload),
+        body: view.body.clone(),
+        hash: view.hash,
+    }
 }
 
 fn desired_of<'a>(objects: impl IntoIterator<Item = &'a DesiredObject>) -> BTreeMap<String, DesiredObject> {
