@@ -3,6 +3,8 @@
 //! - `fleet`: the fleet-scale pipeline on one KCP and one simulator: memory as Kymas grow,
 //!   propagation with 1, 3 and 5 replicas, a new module, rebalance 3 -> 4 -> 3, steady state
 //!   over 3 resync periods, and the lifecycle-manager baseline side by side;
+//! - `propagation`: only the propagation runs (each replica count from a cold start), for
+//!   iterating on sync speed without the whole pipeline;
 //! - `calibrate`: the same requests against real SKR apiservers and against the simulator;
 //! - `smoke`: a small, fast run of the whole path (CI runs it so the harness does not rot).
 
@@ -23,6 +25,9 @@ use crate::support;
 pub enum Scenario {
     /// The fleet-scale pipeline (all scenarios but calibration), side by side with the baseline.
     Fleet,
+    /// Propagation only: --kymas Kymas, then for each of --replicas a cold start and the
+    /// propagation runs.
+    Propagation,
     /// Request counts and per-request latency: real SKR apiservers vs the simulator.
     Calibrate,
     /// A small end-to-end run of the harness (about a minute).
@@ -137,6 +142,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let started = Instant::now();
     let result = match args.scenario {
         Scenario::Fleet => fleet(&args, &dir, &mut report).await,
+        Scenario::Propagation => propagation(&args, &dir, &mut report).await,
         Scenario::Calibrate => calibrate(&args, &dir, &mut report).await,
         Scenario::Smoke => smoke(&dir, &mut report).await,
     };
@@ -231,11 +237,22 @@ fn replica_ids(n: usize, offset: usize) -> Vec<String> {
 struct Propagation {
     latencies: Dist,
     window: Window,
+    /// CPU seconds of all replicas, from the first write to the end of the window.
+    replica_cpu: f64,
+    /// CPU seconds of the simulator over the same time.
+    sim_cpu: f64,
+}
+
+/// CPU seconds so far of all replicas and of the simulator.
+fn cpu_now(bench: &Bench) -> Result<(f64, f64)> {
+    let replicas = bench.replica_samples().values().map(|s| s.cpu_seconds).sum();
+    Ok((replicas, crate::bench::proc_sample(bench.sim()?.pid())?.cpu_seconds))
 }
 
 async fn propagate(bench: &Bench, objects: &[(&str, String)], mark: &str, timeout: Duration) -> Result<Propagation> {
     let sim = &bench.sim()?.admin;
     sim.reset().await?;
+    let cpu0 = cpu_now(bench)?;
     let t0 = unix_ms();
     for (plural, name) in objects {
         bench.annotate(plural, name, MARK_ANNOTATION, mark).await?;
@@ -248,7 +265,13 @@ async fn propagate(bench: &Bench, objects: &[(&str, String)], mark: &str, timeou
     }
     // Let in-flight syncs finish before reading the counters.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    Ok(Propagation { latencies: Dist::of(&lat), window: window(bench).await? })
+    let cpu1 = cpu_now(bench)?;
+    Ok(Propagation {
+        latencies: Dist::of(&lat),
+        window: window(bench).await?,
+        replica_cpu: cpu1.0 - cpu0.0,
+        sim_cpu: cpu1.1 - cpu0.1,
+    })
 }
 
 fn propagation_row(label: &str, p: &Propagation, objects: usize) -> Vec<String> {
@@ -262,11 +285,14 @@ fn propagation_row(label: &str, p: &Propagation, objects: usize) -> Vec<String> 
         f2(w.per_skr(w.stats.total_requests)),
         w.stats.writes.to_string(),
         f2(w.per_skr(w.stats.writes) / objects as f64),
+        f1(p.replica_cpu),
+        format!("{:.2}", 1000.0 * p.replica_cpu / w.skrs.max(1) as f64),
+        f1(p.sim_cpu),
         w.verbs(),
     ]
 }
 
-const PROPAGATION_HEADER: [&str; 9] = [
+const PROPAGATION_HEADER: [&str; 12] = [
     "run",
     "p50 s",
     "p99 s",
@@ -275,6 +301,9 @@ const PROPAGATION_HEADER: [&str; 9] = [
     "requests / SKR",
     "SKR writes",
     "writes / SKR / object",
+    "replica CPU s (all)",
+    "replica CPU ms / SKR",
+    "simulator CPU s",
     "by verb",
 ];
 
@@ -391,38 +420,7 @@ async fn fleet(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Re
         push_row(&mut prop_rows, "prop", b.release.clone());
     }
     report.section("Propagation", &table(&PROPAGATION_HEADER, &prop_rows));
-    let scaling: Vec<Vec<String>> = speed
-        .iter()
-        .map(|(r, (p99, slow))| {
-            let ratio = |base: Option<&(f64, f64)>, pick: fn(&(f64, f64)) -> f64, mine: f64| {
-                base.map(|b| f2(pick(b) / mine)).unwrap_or_else(|| "-".into())
-            };
-            vec![
-                r.to_string(),
-                f2(*p99),
-                ratio(speed.get(&1), |b| b.0, *p99),
-                ratio(speed.get(&3), |b| b.0, *p99),
-                f2(*slow),
-                ratio(speed.get(&1), |b| b.1, *slow),
-                ratio(speed.get(&3), |b| b.1, *slow),
-            ]
-        })
-        .collect();
-    report.section(
-        "Propagation scaling (one MT update, p99)",
-        &table(
-            &[
-                "replicas",
-                &format!("p99 s, {} ms SKR latency", args.latency_ms),
-                "speed-up vs 1",
-                "speed-up vs 3",
-                &format!("p99 s, {} ms SKR latency", args.slow_latency_ms),
-                "speed-up vs 1",
-                "speed-up vs 3",
-            ],
-            &scaling,
-        ),
-    );
+    report.section("Propagation scaling (one MT update, p99)", &scaling_table(args, &speed));
     let mut nm_rows = vec![new_module];
     if let Some(b) = &baseline {
         nm_rows.push(b.new_module.clone());
@@ -460,6 +458,82 @@ async fn fleet(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Re
         &table(&["Kymas", "replicas", "peak RSS MiB per replica", "max", "RSS now MiB"], &memory_rows),
     );
     Ok(())
+}
+
+/// The propagation scenario alone: `--kymas` Kymas, then for each replica count a cold start
+/// (the first one onto empty SKRs) and the propagation runs.
+async fn propagation(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Result<()> {
+    let faults = Faults { latency_ms: args.latency_ms, ..Faults::default() };
+    eprintln!("starting the KCP and the simulator");
+    let mut bench = Bench::start(dir).await?;
+    bench.install_catalog().await?;
+    bench.start_sim(&faults).await?;
+    eprintln!("creating {} Kymas", args.kymas);
+    bench.add_sim_kymas(args.kymas).await?;
+    let (mut rollout_rows, mut prop_rows, mut memory_rows) = (Vec::new(), Vec::new(), Vec::new());
+    let mut speed: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
+    for (i, &replicas) in args.replicas.iter().enumerate() {
+        eprintln!("propagation with {replicas} replica(s): cold start");
+        let ids = replica_ids(replicas, 10 * replicas);
+        let cold = start_replicas(&mut bench, &ids, &[], Duration::from_secs(900)).await?;
+        let what = if i == 0 { "first start, SKRs empty" } else { "restart, SKRs full (cold sync)" };
+        push_row(
+            &mut rollout_rows,
+            "rollout",
+            vec![args.kymas.to_string(), replicas.to_string(), f1(cold), what.into()],
+        );
+        let p = props(&bench, args, replicas, &format!("r{replicas}")).await?;
+        for row in p.rows {
+            push_row(&mut prop_rows, "prop", row);
+        }
+        push_row(&mut memory_rows, "memory", memory_row(args.kymas, replicas, &bench.replica_samples()));
+        speed.insert(replicas, (p.p99, p.slow_p99));
+        bench.terminate_all().await?;
+    }
+    report.section(
+        "Cold starts",
+        &table(&["Kymas", "replicas", "seconds until every SKR synced", "what"], &rollout_rows),
+    );
+    report.section("Propagation", &table(&PROPAGATION_HEADER, &prop_rows));
+    report.section("Propagation scaling (one MT update, p99)", &scaling_table(args, &speed));
+    report.section(
+        "Memory",
+        &table(&["Kymas", "replicas", "peak RSS MiB per replica", "max", "RSS now MiB"], &memory_rows),
+    );
+    Ok(())
+}
+
+/// Speed-ups of the single update's p99 between replica counts, at both SKR latencies.
+fn scaling_table(args: &RunArgs, speed: &BTreeMap<usize, (f64, f64)>) -> String {
+    let ratio = |base: Option<&(f64, f64)>, pick: fn(&(f64, f64)) -> f64, mine: f64| {
+        base.map(|b| f2(pick(b) / mine)).unwrap_or_else(|| "-".into())
+    };
+    let rows: Vec<Vec<String>> = speed
+        .iter()
+        .map(|(r, (p99, slow))| {
+            vec![
+                r.to_string(),
+                f2(*p99),
+                ratio(speed.get(&1), |b| b.0, *p99),
+                ratio(speed.get(&3), |b| b.0, *p99),
+                f2(*slow),
+                ratio(speed.get(&1), |b| b.1, *slow),
+                ratio(speed.get(&3), |b| b.1, *slow),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "replicas",
+            &format!("p99 s, {} ms SKR latency", args.latency_ms),
+            "speed-up vs 1",
+            "speed-up vs 3",
+            &format!("p99 s, {} ms SKR latency", args.slow_latency_ms),
+            "speed-up vs 1",
+            "speed-up vs 3",
+        ],
+        &rows,
+    )
 }
 
 /// Propagation of one MT update and of a release with the running replicas: the two table rows
@@ -822,6 +896,9 @@ async fn baseline(args: &RunArgs, bench: &Bench) -> Result<BaselineRows> {
             w.stats.total_requests.to_string(),
             f2(w.per_skr(w.stats.total_requests)),
             w.stats.writes.to_string(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
             "-".into(),
             w.verbs(),
         ]
