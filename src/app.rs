@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
@@ -27,7 +27,7 @@ use crate::sharding::ShardView;
 use crate::sharding::agent::{Agent, ShardsDebug};
 use crate::sharding::coordinator::Coordinator;
 use crate::sharding::{Timing, membership};
-use crate::skr::{AccessTimeouts, SkrPool};
+use crate::skr::{AccessSecrets, AccessTimeouts, SkrPool};
 use crate::sync::catalog::{CatalogState, run_catalog_loop, watch_catalog};
 use crate::sync::reconciler::{self, Book, Context, Settings};
 
@@ -113,13 +113,24 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     let (catalog_stores, catalog_changes) = watch_catalog(&kcp, &ns);
     // `catalog_stores` is moved into the catalog loop, the only waiter on its readiness.
     let (secret_store, secret_writer) = reflector::store();
+    let access_secrets = AccessSecrets::new(secret_store.clone());
+    let (noted, forgotten) = (access_secrets.clone(), access_secrets.clone());
     let secret_stream = watcher(
         Api::<PartialObjectMeta<Secret>>::namespaced(kcp.clone(), &ns),
         watcher::Config::default().labels(KYMA_NAME_LABEL),
     )
     .default_backoff()
-    .modify(|s| s.metadata.managed_fields = None)
+    .modify(move |s| {
+        s.metadata.managed_fields = None;
+        // Indexed before the cache holds it; see `AccessSecrets`.
+        noted.note(s);
+    })
     .reflect(secret_writer)
+    .inspect_ok(move |event| {
+        if let watcher::Event::Delete(s) = event {
+            forgotten.forget(s);
+        }
+    })
     .touched_objects();
     // Secret changes requeue their Kyma through a channel, so the Secret cache fills (and
     // becomes ready) before the controller starts: no Kyma is judged against a partial cache.
@@ -170,7 +181,7 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
         full_lists: tokio::sync::Semaphore::new(args.full_list_concurrency),
         metrics: metrics.clone(),
         catalog: catalog_rx.clone(),
-        secrets: secret_store.clone(),
+        secrets: access_secrets,
         recorder: Recorder::new(
             kcp.clone(),
             Reporter { controller: "catalogsync".into(), instance: Some(args.identity.clone()) },

@@ -300,11 +300,15 @@ impl SkrClientMetrics {
                 "Requests to SKR apiservers, by verb (get, list, apply, replace, delete) and result (success, not_found, error).",
                 &["verb", "result"],
             )?,
-            clients: gauge(r, "catalogsync_skr_clients", "SKR clients cached by this replica.")?,
+            clients: gauge(
+                r,
+                "catalogsync_skr_clients",
+                "SKRs whose access (parsed kubeconfig and sync state) this replica caches; a client exists only during a sync.",
+            )?,
             evictions: counter_vec(
                 r,
                 "catalogsync_skr_client_evictions_total",
-                "SKR clients dropped, by reason (secret_changed, error, released).",
+                "Cached SKR accesses dropped, by reason (secret_changed, error, released).",
                 &["reason"],
             )?,
         })

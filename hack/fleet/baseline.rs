@@ -35,7 +35,7 @@ use catalogsync::api::{
     KYMA_NAME_LABEL, Kyma, ModuleReleaseMeta, ModuleTemplate, SKIP_RECONCILIATION_LABEL, SKR_FIELD_MANAGER, is_flag_on,
 };
 use catalogsync::catalog::{CatalogKind, DesiredObject, Snapshot, desired_set};
-use catalogsync::skr::access::{AccessTimeouts, client_from_secret, find_access_secret};
+use catalogsync::skr::access::{AccessTimeouts, SkrAccess, find_access_secret};
 use futures::{StreamExt, TryStreamExt, future};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams};
@@ -654,7 +654,9 @@ impl Ctx {
         let client = match cached {
             Some(client) => client,
             None => {
-                let client = client_from_secret(&secret, &self.settings.timeouts).await.map_err(PassError::Access)?;
+                let access =
+                    SkrAccess::from_secret(&secret, &self.settings.timeouts).await.map_err(PassError::Access)?;
+                let client = access.client().map_err(PassError::Access)?;
                 if self.settings.skr_keep_connections {
                     lock(&self.skrs).insert(key, (version.clone(), client.clone()));
                 }

@@ -2,12 +2,15 @@
 //! Secret in the Kyma's namespace labelled `operator.kyma-project.io/kyma-name=<kyma>`, data
 //! key `config`; zero or several such Secrets are an error for that Kyma only).
 
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::PartialObjectMeta;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::api::{KUBECONFIG_KEY, KYMA_NAME_LABEL};
 use crate::error::{Error, Result};
@@ -52,38 +55,123 @@ pub fn find_access_secret<'a>(
     }
 }
 
-/// Builds an SKR client from the `config` key of an access Secret.
+/// The access Secrets' metadata (the reflector cache) with an index from Kyma name to Secret
+/// names, so a sync looks its Secret up by name instead of scanning every Secret of the
+/// namespace (at 5,000 Kymas a scan per sync made a propagation quadratic).
 ///
-/// # Errors
-/// [`Error::AccessSecretInvalid`] when the key is missing, is not a kubeconfig, or names no
-/// usable cluster and credentials.
-pub async fn client_from_secret(secret: &Secret, timeouts: &AccessTimeouts) -> Result<Client> {
-    let name = secret.metadata.name.clone().unwrap_or_default();
-    let invalid = |reason: String| Error::AccessSecretInvalid { name: name.clone(), reason };
-    let bytes =
-        secret.data.as_ref().and_then(|d| d.get(KUBECONFIG_KEY)).ok_or_else(|| invalid("the key is missing".into()))?;
-    let text = std::str::from_utf8(&bytes.0).map_err(|_| invalid("the kubeconfig is not UTF-8".into()))?;
-    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| invalid(format!("the kubeconfig does not parse: {e}")))?;
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| invalid(format!("the kubeconfig is not usable: {e}")))?;
-    if let Ok(agent) = http::HeaderValue::from_str(&timeouts.user_agent) {
-        config.headers.push((http::header::USER_AGENT, agent));
-    }
-    build_client(&config, timeouts.connect).map_err(|e| invalid(format!("no client can be built from it: {e}")))
+/// The index may name Secrets the cache no longer holds, or that carry another Kyma's label
+/// by now; lookups check every candidate against the cache, which stays the truth.
+#[derive(Clone)]
+pub struct AccessSecrets {
+    store: Store<PartialObjectMeta<Secret>>,
+    by_kyma: Arc<Mutex<HashMap<String, BTreeSet<String>>>>,
 }
 
-/// How long an idle connection to an SKR is kept. A replica syncs an SKR about once per
-/// resync period (minutes), so a connection kept much longer than a burst of syncs is only
-/// memory (its TLS and read buffers); 30 s keeps it for the syncs of one catalog release.
+impl AccessSecrets {
+    /// An index over `store`; feed it every Secret the watch sees with [`AccessSecrets::note`].
+    pub fn new(store: Store<PartialObjectMeta<Secret>>) -> Self {
+        Self { store, by_kyma: Arc::default() }
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeSet<String>>> {
+        // Each critical section is a single map operation, so a poisoned map is consistent.
+        self.by_kyma.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a Secret the watch delivers. Called before the cache stores it, so whatever
+    /// the cache holds is indexed.
+    pub fn note(&self, secret: &PartialObjectMeta<Secret>) {
+        let kyma = secret.metadata.labels.as_ref().and_then(|l| l.get(KYMA_NAME_LABEL));
+        if let (Some(kyma), Some(name)) = (kyma, secret.metadata.name.as_ref()) {
+            self.index().entry(kyma.clone()).or_default().insert(name.clone());
+        }
+    }
+
+    /// Forgets a deleted Secret (called after the cache dropped it).
+    pub fn forget(&self, secret: &PartialObjectMeta<Secret>) {
+        let kyma = secret.metadata.labels.as_ref().and_then(|l| l.get(KYMA_NAME_LABEL));
+        if let (Some(kyma), Some(name)) = (kyma, secret.metadata.name.as_ref()) {
+            let mut index = self.index();
+            if let Some(names) = index.get_mut(kyma) {
+                names.remove(name);
+                if names.is_empty() {
+                    index.remove(kyma);
+                }
+            }
+        }
+    }
+
+    /// The one access Secret of `kyma` in `namespace`, as [`find_access_secret`] picks it.
+    ///
+    /// # Errors
+    /// As [`find_access_secret`].
+    pub fn find(&self, kyma: &str, namespace: &str) -> Result<PartialObjectMeta<Secret>> {
+        let names: Vec<String> = self.index().get(kyma).into_iter().flatten().cloned().collect();
+        let candidates: Vec<Arc<PartialObjectMeta<Secret>>> =
+            names.iter().filter_map(|name| self.store.get(&ObjectRef::new(name).within(namespace))).collect();
+        find_access_secret(candidates.iter().map(AsRef::as_ref), kyma, namespace).cloned()
+    }
+}
+
+/// What a replica keeps of one SKR's access between syncs: the kubeconfig of its access
+/// Secret, parsed (a few KB). A [`Client`], with its connection pool and TLS state, is built
+/// for each sync and dropped with it, so thousands of idle SKRs hold no connections, TLS
+/// session caches or client stacks (about 100 KB per SKR when clients were kept).
+#[derive(Clone)]
+pub struct SkrAccess {
+    secret: String,
+    config: kube::Config,
+    connect_timeout: Duration,
+}
+
+impl SkrAccess {
+    /// Reads the `config` key of an access Secret and checks that a client can be built.
+    ///
+    /// # Errors
+    /// [`Error::AccessSecretInvalid`] when the key is missing, is not a kubeconfig, or names
+    /// no usable cluster and credentials.
+    pub async fn from_secret(secret: &Secret, timeouts: &AccessTimeouts) -> Result<Self> {
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        let invalid = |reason: String| Error::AccessSecretInvalid { name: name.clone(), reason };
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(KUBECONFIG_KEY))
+            .ok_or_else(|| invalid("the key is missing".into()))?;
+        let text = std::str::from_utf8(&bytes.0).map_err(|_| invalid("the kubeconfig is not UTF-8".into()))?;
+        let kubeconfig =
+            Kubeconfig::from_yaml(text).map_err(|e| invalid(format!("the kubeconfig does not parse: {e}")))?;
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| invalid(format!("the kubeconfig is not usable: {e}")))?;
+        if let Ok(agent) = http::HeaderValue::from_str(&timeouts.user_agent) {
+            config.headers.push((http::header::USER_AGENT, agent));
+        }
+        let access = Self { secret: name, config, connect_timeout: timeouts.connect };
+        access.client()?;
+        Ok(access)
+    }
+
+    /// A client for one sync.
+    ///
+    /// # Errors
+    /// [`Error::AccessSecretInvalid`] when no client can be built (checked when the access
+    /// was read, so only when building it fails now, for example a credential file gone).
+    pub fn client(&self) -> Result<Client> {
+        build_client(&self.config, self.connect_timeout).map_err(|e| Error::AccessSecretInvalid {
+            name: self.secret.clone(),
+            reason: format!("no client can be built from it: {e}"),
+        })
+    }
+}
+
+/// A connection idle longer than this is not reused (checked when a request needs one; a
+/// client lives for one sync, whose requests follow each other within milliseconds).
 pub const SKR_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Builds an SKR client: kube's stack (base URI, retries, credentials, headers) over a
-/// connection pool that keeps at most one idle connection per SKR, for [`SKR_IDLE_TIMEOUT`].
-/// kube's default client keeps every connection it opened (up to `--skr-concurrency` per SKR)
-/// for 90 s: with one client per SKR and thousands of SKRs per replica, a catalog release
-/// leaves thousands of idle TLS connections behind. Every request is bounded by the
-/// executor's request timeout.
+/// connection pool that keeps at most one idle connection per SKR. kube's default client
+/// would open up to `--skr-concurrency` connections per SKR and keep them all.
 fn build_client(config: &kube::Config, connect_timeout: Duration) -> std::result::Result<Client, kube::Error> {
     use kube::client::ConfigExt as _;
     use tower::ServiceBuilder;
@@ -140,6 +228,35 @@ mod tests {
         assert!(matches!(find_access_secret(&secrets, "k1", "other"), Err(Error::AccessSecretMissing { .. })));
     }
 
+    #[test]
+    fn the_index_finds_what_the_cache_holds() {
+        use kube::runtime::watcher::Event;
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let secrets = AccessSecrets::new(store);
+        let mut apply = |s: PartialObjectMeta<Secret>| {
+            secrets.note(&s);
+            writer.apply_watcher_event(&Event::Apply(s));
+        };
+        apply(secret("a", "k1"));
+        apply(secret("b", "k2"));
+        apply(secret("c", "k2"));
+        let name = |r: Result<PartialObjectMeta<Secret>>| r.ok().and_then(|s| s.metadata.name);
+        assert_eq!(name(secrets.find("k1", "kcp-system")), Some("a".into()));
+        assert!(matches!(secrets.find("k2", "kcp-system"), Err(Error::AccessSecretAmbiguous { count: 2, .. })));
+        assert!(matches!(secrets.find("k1", "other"), Err(Error::AccessSecretMissing { .. })));
+        // Relabelled from k2 to k3: found under k3 only, although the index still names it
+        // under k2.
+        apply(secret("c", "k3"));
+        assert_eq!(name(secrets.find("k2", "kcp-system")), Some("b".into()));
+        assert_eq!(name(secrets.find("k3", "kcp-system")), Some("c".into()));
+        // Deleted: gone from the cache first, then from the index.
+        let b = secret("b", "k2");
+        writer.apply_watcher_event(&Event::Delete(b.clone()));
+        assert!(matches!(secrets.find("k2", "kcp-system"), Err(Error::AccessSecretMissing { .. })));
+        secrets.forget(&b);
+        assert!(matches!(secrets.find("k2", "kcp-system"), Err(Error::AccessSecretMissing { .. })));
+    }
+
     #[tokio::test]
     async fn malformed_kubeconfig_is_invalid_not_a_crash() {
         let timeouts = &AccessTimeouts {
@@ -149,12 +266,21 @@ mod tests {
         };
         let mut s =
             Secret { metadata: ObjectMeta { name: Some("s".into()), ..ObjectMeta::default() }, ..Secret::default() };
-        assert!(matches!(client_from_secret(&s, timeouts).await, Err(Error::AccessSecretInvalid { .. })));
+        assert!(matches!(
+            SkrAccess::from_secret(&s, timeouts).await.map(|_| ()),
+            Err(Error::AccessSecretInvalid { .. })
+        ));
         s.data = Some([(KUBECONFIG_KEY.to_owned(), k8s_openapi::ByteString(b"{not: [yaml".to_vec()))].into());
-        assert!(matches!(client_from_secret(&s, timeouts).await, Err(Error::AccessSecretInvalid { .. })));
+        assert!(matches!(
+            SkrAccess::from_secret(&s, timeouts).await.map(|_| ()),
+            Err(Error::AccessSecretInvalid { .. })
+        ));
         s.data = Some(
             [(KUBECONFIG_KEY.to_owned(), k8s_openapi::ByteString(b"apiVersion: v1\nkind: Config\n".to_vec()))].into(),
         );
-        assert!(matches!(client_from_secret(&s, timeouts).await, Err(Error::AccessSecretInvalid { .. })));
+        assert!(matches!(
+            SkrAccess::from_secret(&s, timeouts).await.map(|_| ()),
+            Err(Error::AccessSecretInvalid { .. })
+        ));
     }
 }

@@ -3,5 +3,5 @@
 pub mod access;
 pub mod pool;
 
-pub use access::{AccessTimeouts, find_access_secret};
+pub use access::{AccessSecrets, AccessTimeouts, find_access_secret};
 pub use pool::{SkrEntry, SkrPool, SkrState};

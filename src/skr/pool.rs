@@ -1,6 +1,7 @@
-//! The per-SKR client cache, keyed by Kyma and access-Secret version. A changed Secret, an
-//! auth or connection error, or the loss of the Kyma drops the entry, so rotated credentials
-//! are picked up on the next sync.
+//! The per-SKR access cache (parsed kubeconfig and sync state), keyed by Kyma and
+//! access-Secret version. A changed Secret, an auth or connection error, or the loss of the
+//! Kyma drops the entry, so rotated credentials are picked up on the next sync. Clients are
+//! built per sync from the cached access ([`crate::skr::access::SkrAccess`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -12,7 +13,7 @@ use kube::{Api, Client};
 use crate::catalog::{CatalogKind, KindMemory};
 use crate::error::{Error, Result};
 use crate::metrics::SkrClientMetrics;
-use crate::skr::access::{AccessTimeouts, client_from_secret};
+use crate::skr::access::{AccessTimeouts, SkrAccess};
 
 /// What this replica knows of one SKR between syncs.
 #[derive(Debug, Default)]
@@ -26,12 +27,12 @@ pub struct SkrState {
     pub memory: BTreeMap<CatalogKind, KindMemory>,
 }
 
-/// A cached SKR client with its sync state.
+/// A cached SKR access with its sync state.
 pub struct SkrEntry {
-    /// `uid/resourceVersion` of the Secret the client was built from.
+    /// `uid/resourceVersion` of the Secret the access was read from.
     pub secret_version: String,
-    /// The client.
-    pub client: Client,
+    /// The access; [`SkrAccess::client`] builds the client of one sync.
+    pub access: SkrAccess,
     /// Sync state; locked for the duration of one sync (the controller never runs two syncs
     /// of one Kyma at once, so the lock is uncontended).
     pub state: tokio::sync::Mutex<SkrState>,
@@ -82,8 +83,8 @@ impl SkrPool {
             .get(&name)
             .await
             .map_err(|source| Error::ReadAccessSecret { name: name.clone(), source: Box::new(source) })?;
-        let client = client_from_secret(&full, &self.timeouts).await?;
-        let entry = Arc::new(SkrEntry { secret_version: version, client, state: tokio::sync::Mutex::default() });
+        let access = SkrAccess::from_secret(&full, &self.timeouts).await?;
+        let entry = Arc::new(SkrEntry { secret_version: version, access, state: tokio::sync::Mutex::default() });
         let replaced = self.lock().insert(kyma.to_owned(), Arc::clone(&entry));
         if replaced.is_some() {
             self.metrics.evictions.with_label_values(&["secret_changed"]).inc();

@@ -6,12 +6,10 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{PartialObjectMeta, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use rand::Rng;
 use tokio::sync::watch;
@@ -22,7 +20,7 @@ use crate::catalog::{CatalogKind, desired_set};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sharding::ShardView;
-use crate::skr::{SkrPool, find_access_secret};
+use crate::skr::{AccessSecrets, SkrPool};
 use crate::sync::catalog::{CatalogState, sync_fingerprint};
 use crate::sync::condition::{self, REASON_SYNCED, Wanted};
 use crate::sync::executor::{SkrTarget, SyncReport};
@@ -62,8 +60,8 @@ pub struct Context {
     pub metrics: Metrics,
     /// The latest catalog snapshot.
     pub catalog: watch::Receiver<Arc<CatalogState>>,
-    /// Metadata of the access Secrets.
-    pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// Metadata of the access Secrets, indexed by Kyma.
+    pub secrets: AccessSecrets,
     /// Event recorder.
     pub recorder: Recorder,
     /// Ownership gate.
@@ -80,8 +78,14 @@ pub struct Context {
 pub struct Book {
     failures: Mutex<HashMap<String, u32>>,
     synced: Mutex<HashMap<String, u64>>,
-    /// Pending Kyma -> its shard.
-    pending: Mutex<HashMap<String, u32>>,
+    /// Pending Kymas, each with its shard, and the count per shard.
+    pending: Mutex<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    shard_of: HashMap<String, u32>,
+    per_shard: HashMap<u32, usize>,
 }
 
 /// The queue depth of one shard after a change.
@@ -91,6 +95,19 @@ pub struct Depth {
     pub shard: u32,
     /// Pending Kymas in it.
     pub depth: usize,
+}
+
+impl Pending {
+    /// One fewer pending Kyma in `shard`; returns how many are left.
+    fn decrement(&mut self, shard: u32) -> usize {
+        let left = self.per_shard.get(&shard).map_or(0, |n| n.saturating_sub(1));
+        if left == 0 {
+            self.per_shard.remove(&shard);
+        } else {
+            self.per_shard.insert(shard, left);
+        }
+        left
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -107,8 +124,12 @@ impl Book {
     /// Marks `kyma` (of `shard`) as requeued; returns the queue depth of its shard.
     pub fn mark_pending(&self, kyma: &str, shard: u32) -> Depth {
         let mut p = lock(&self.pending);
-        p.insert(kyma.to_owned(), shard);
-        Depth { shard, depth: p.values().filter(|s| **s == shard).count() }
+        if let Some(before) = p.shard_of.insert(kyma.to_owned(), shard) {
+            p.decrement(before);
+        }
+        let depth = p.per_shard.entry(shard).or_default();
+        *depth += 1;
+        Depth { shard, depth: *depth }
     }
 
     fn finish(&self, kyma: &str, synced: Option<u64>) -> Option<Depth> {
@@ -122,8 +143,8 @@ impl Book {
             }
         }
         let mut p = lock(&self.pending);
-        let shard = p.remove(kyma)?;
-        Some(Depth { shard, depth: p.values().filter(|s| **s == shard).count() })
+        let shard = p.shard_of.remove(kyma)?;
+        Some(Depth { shard, depth: p.decrement(shard) })
     }
 
     fn forget(&self, kyma: &str) -> Option<Depth> {
@@ -320,15 +341,14 @@ async fn sync_skr(
 ) -> Result<SyncReport> {
     let name = kyma.name_any();
     let namespace = kyma.namespace().unwrap_or_default();
-    let entry = {
-        let secrets = ctx.secrets.state();
-        let secret = find_access_secret(secrets.iter().map(AsRef::as_ref), &name, &namespace)?.clone();
-        ctx.pool.get(&name, &secret).await?
-    };
+    let secret = ctx.secrets.find(&name, &namespace)?;
+    let entry = ctx.pool.get(&name, &secret).await?;
+    // Built per sync and dropped with it: connections and TLS state last one sync.
+    let client = entry.access.client()?;
     let mut state = entry.state.lock().await;
     let may_write = || ctx.shards.may_write(&namespace, &name);
     let target = SkrTarget {
-        client: &entry.client,
+        client: &client,
         namespace: &ctx.settings.sync_namespace,
         concurrency: ctx.settings.skr_concurrency,
         request_timeout: ctx.settings.skr_request_timeout,
@@ -389,6 +409,22 @@ mod tests {
             assert!(late >= Duration::from_secs(150) && late <= max, "{late:?}");
         }
         assert!(backoff(3, min, max) <= Duration::from_secs(20));
+    }
+
+    #[test]
+    fn queue_depth_per_shard() {
+        let book = Book::default();
+        assert_eq!(book.mark_pending("a", 1).depth, 1);
+        assert_eq!(book.mark_pending("b", 1).depth, 2);
+        assert_eq!(book.mark_pending("c", 2).depth, 1);
+        // Requeued again, or moved to another shard: counted once, where it is now.
+        assert_eq!(book.mark_pending("a", 1).depth, 2);
+        assert_eq!(book.mark_pending("b", 2).depth, 2);
+        assert_eq!(book.finish("a", Some(7)).map(|d| (d.shard, d.depth)), Some((1, 0)));
+        assert_eq!(book.synced_fingerprint("a"), Some(7));
+        assert_eq!(book.forget("b").map(|d| (d.shard, d.depth)), Some((2, 1)));
+        assert!(book.finish("a", None).is_none(), "not pending any more");
+        assert_eq!(book.finish("c", None).map(|d| (d.shard, d.depth)), Some((2, 0)));
     }
 
     #[test]
