@@ -402,7 +402,8 @@ async fn fleet(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Re
     eprintln!("  measured (steady): {}", steady.join(" | "));
 
     if !args.no_growth {
-        eprintln!("growing to {} Kymas", 2 * n);
+        eprintln!("3 fresh replicas on {n} Kymas (cold start), then growing to {} Kymas", 2 * n);
+        start_replicas(&mut bench, &replica_ids(3, 200), &[], sync_timeout).await?;
         let before = bench.metric_sum("catalogsync_sync_runs_total", &["result=\"success\""]).await as usize;
         bench.add_sim_kymas(n).await?;
         await_synced(&bench, before + n, sync_timeout).await?;
@@ -810,6 +811,9 @@ async fn steady(args: &RunArgs, bench: &mut Bench) -> Result<Vec<String>> {
         .map(|(id, s)| f2((s.cpu_seconds - cpu0.get(id).map(|c| c.cpu_seconds).unwrap_or_default()) / 3.0))
         .collect();
     let peaks: Vec<String> = cpu1.values().map(|s| f1(s.peak_rss_mib)).collect();
+    // Replicas that resync every few seconds never have "no sync in flight", which the
+    // following phases wait for.
+    bench.terminate_all().await?;
     Ok(vec![
         format!("catalogsync, 3 replicas, resync {}s", args.resync_secs),
         "3".into(),
