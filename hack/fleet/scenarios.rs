@@ -377,20 +377,12 @@ async fn fleet(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Re
     bench.terminate_all().await?;
 
     for &replicas in args.replicas.iter().filter(|&&r| r != 3) {
-        eprintln!("propagation with {replicas} replica(s): cold start");
-        let ids = replica_ids(replicas, 10 * replicas);
-        let cold = start_replicas(&mut bench, &ids, &[], sync_timeout).await?;
-        push_row(
-            &mut rollout_rows,
-            "rollout",
-            vec![n.to_string(), replicas.to_string(), f1(cold), "restart, SKRs full (cold sync)".into()],
-        );
-        let p = props(&bench, args, replicas, &format!("r{replicas}")).await?;
-        for row in p.rows {
+        let run = cold_run(&mut bench, args, replicas, "restart, SKRs full (cold sync)").await?;
+        push_row(&mut rollout_rows, "rollout", run.rollout);
+        for row in run.props.rows {
             push_row(&mut prop_rows, "prop", row);
         }
-        speed.insert(replicas, (p.p99, p.slow_p99));
-        bench.terminate_all().await?;
+        speed.insert(replicas, (run.props.p99, run.props.slow_p99));
     }
 
     // The baseline at n Kymas: one full round, then the same three changes, until the next
@@ -474,22 +466,14 @@ async fn propagation(args: &RunArgs, dir: &std::path::Path, report: &mut Report)
     let (mut rollout_rows, mut prop_rows, mut memory_rows) = (Vec::new(), Vec::new(), Vec::new());
     let mut speed: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
     for (i, &replicas) in args.replicas.iter().enumerate() {
-        eprintln!("propagation with {replicas} replica(s): cold start");
-        let ids = replica_ids(replicas, 10 * replicas);
-        let cold = start_replicas(&mut bench, &ids, &[], Duration::from_secs(900)).await?;
         let what = if i == 0 { "first start, SKRs empty" } else { "restart, SKRs full (cold sync)" };
-        push_row(
-            &mut rollout_rows,
-            "rollout",
-            vec![args.kymas.to_string(), replicas.to_string(), f1(cold), what.into()],
-        );
-        let p = props(&bench, args, replicas, &format!("r{replicas}")).await?;
-        for row in p.rows {
+        let run = cold_run(&mut bench, args, replicas, what).await?;
+        push_row(&mut rollout_rows, "rollout", run.rollout);
+        for row in run.props.rows {
             push_row(&mut prop_rows, "prop", row);
         }
-        push_row(&mut memory_rows, "memory", memory_row(args.kymas, replicas, &bench.replica_samples()));
-        speed.insert(replicas, (p.p99, p.slow_p99));
-        bench.terminate_all().await?;
+        push_row(&mut memory_rows, "memory", run.memory);
+        speed.insert(replicas, (run.props.p99, run.props.slow_p99));
     }
     report.section(
         "Cold starts",
@@ -502,6 +486,28 @@ async fn propagation(args: &RunArgs, dir: &std::path::Path, report: &mut Report)
         &table(&["Kymas", "replicas", "peak RSS MiB per replica", "max", "RSS now MiB"], &memory_rows),
     );
     Ok(())
+}
+
+/// One replica count started cold: its rollout row, propagation rows and memory row.
+struct ColdRun {
+    rollout: Vec<String>,
+    props: PropRows,
+    memory: Vec<String>,
+}
+
+/// Starts `replicas` fresh replicas on the bench's Kymas, waits until every SKR synced, runs
+/// the propagation measurements, samples memory and stops the replicas; `what` describes the
+/// start in the rollout row.
+async fn cold_run(bench: &mut Bench, args: &RunArgs, replicas: usize, what: &str) -> Result<ColdRun> {
+    eprintln!("propagation with {replicas} replica(s): cold start");
+    let ids = replica_ids(replicas, 10 * replicas);
+    let cold = start_replicas(bench, &ids, &[], Duration::from_secs(900)).await?;
+    let kymas = bench.kymas.len();
+    let rollout = vec![kymas.to_string(), replicas.to_string(), f1(cold), what.into()];
+    let props = props(bench, args, replicas, &format!("r{replicas}")).await?;
+    let memory = memory_row(kymas, replicas, &bench.replica_samples());
+    bench.terminate_all().await?;
+    Ok(ColdRun { rollout, props, memory })
 }
 
 /// Speed-ups of the single update's p99 between replica counts, at both SKR latencies.

@@ -125,7 +125,8 @@ pub struct SkrAccess {
 }
 
 impl SkrAccess {
-    /// Reads the `config` key of an access Secret and checks that a client can be built.
+    /// Reads the `config` key of an access Secret. Whether a client can be built from it
+    /// shows in [`SkrAccess::client`], at the sync that needs one.
     ///
     /// # Errors
     /// [`Error::AccessSecretInvalid`] when the key is missing, is not a kubeconfig, or names
@@ -147,16 +148,14 @@ impl SkrAccess {
         if let Ok(agent) = http::HeaderValue::from_str(&timeouts.user_agent) {
             config.headers.push((http::header::USER_AGENT, agent));
         }
-        let access = Self { secret: name, config, connect_timeout: timeouts.connect };
-        access.client()?;
-        Ok(access)
+        Ok(Self { secret: name, config, connect_timeout: timeouts.connect })
     }
 
     /// A client for one sync.
     ///
     /// # Errors
-    /// [`Error::AccessSecretInvalid`] when no client can be built (checked when the access
-    /// was read, so only when building it fails now, for example a credential file gone).
+    /// [`Error::AccessSecretInvalid`] when no client can be built from the kubeconfig (for
+    /// example unreadable certificate data); the failed sync drops the cached access.
     pub fn client(&self) -> Result<Client> {
         build_client(&self.config, self.connect_timeout).map_err(|e| Error::AccessSecretInvalid {
             name: self.secret.clone(),
