@@ -5,7 +5,8 @@
 //! ```text
 //!  KCP reflectors (Kymas, MTs, MRMs, access Secrets): no KCP request per pass
 //!        │
-//!  kube Controller over Kymas, --workers concurrent reconciles
+//!  controller-runtime's work queue over Kymas (FIFO, one pass per Kyma at a time),
+//!  --workers concurrent reconciles
 //!        │  once at start, then --period after each successful pass, 5s..30s backoff on error
 //!        ▼
 //!  pass(kyma) = desired_set(snapshot, labels)
@@ -36,12 +37,11 @@ use catalogsync::api::{
 };
 use catalogsync::catalog::{CatalogKind, DesiredObject, Snapshot, desired_set};
 use catalogsync::skr::access::{AccessTimeouts, SkrAccess, find_access_secret};
-use futures::{StreamExt, TryStreamExt, future};
+use futures::{StreamExt, future};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::runtime::{PredicateConfig, WatchStreamExt};
 use kube::{Client, ResourceExt};
@@ -50,6 +50,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+use self::queue::WorkQueue;
+
+mod queue;
 
 /// How many pass durations and queue lags are kept for the percentiles (the most recent ones).
 const MAX_SAMPLES: usize = 200_000;
@@ -177,6 +181,9 @@ pub struct BaselineStats {
     pub first_round_done_unix_ms: Option<u64>,
     /// Passes running now (not reset).
     pub in_flight: u64,
+    /// Kymas due and waiting for a worker now (not reset).
+    #[serde(default)]
+    pub queued: u64,
     /// The most recent pass error, for diagnosis.
     #[serde(default)]
     pub last_error: Option<String>,
@@ -305,50 +312,90 @@ pub async fn run(args: BaselineArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs the Kyma controller and the first-round tracker until `shutdown`.
+/// Runs the Kyma controller (watch, work queue, workers) and the first-round tracker until
+/// `shutdown`.
 async fn run_controller(kcp: &Client, args: &BaselineArgs, ctx: Arc<Ctx>, shutdown: CancellationToken) {
-    let (kyma_writer, kyma_store) = {
-        let writer = reflector::store::Writer::<Kyma>::default();
-        let store = writer.as_reader();
-        (writer, store)
-    };
-    let due_ctx = ctx.clone();
-    // KLM's Kyma watch passes generation and label changes only (status writes never).
-    let kymas = watcher(Api::<Kyma>::namespaced(kcp.clone(), &args.kcp_namespace), watcher::Config::default())
+    let writer = reflector::store::Writer::<Kyma>::default();
+    let kyma_store = writer.as_reader();
+    let queue = WorkQueue::new();
+    // KLM's Kyma watch passes generation and label changes only (status writes never); the
+    // initial list queues every Kyma in list order.
+    let events = watcher(Api::<Kyma>::namespaced(kcp.clone(), &args.kcp_namespace), watcher::Config::default())
         .default_backoff()
         .modify(trim_kyma)
-        .reflect(kyma_writer)
+        .reflect(writer)
         .applied_objects()
-        .predicate_filter(trigger_hash, PredicateConfig::default())
-        .map_ok(move |kyma| {
-            due_ctx.mark_due(&key_of(&kyma), Instant::now());
-            kyma
-        });
-    ctx.stats.started_unix_ms.store(unix_ms(), Ordering::Relaxed);
-    *lock(&ctx.kymas) = Some(kyma_store.clone());
-
-    let tracker = tokio::spawn(track_first_round(ctx.clone(), kyma_store.clone(), shutdown.clone()));
-    let controller_shutdown = shutdown.clone();
-    let drained = Controller::for_stream(kymas, kyma_store)
-        .with_config(controller::Config::default().concurrency(args.workers))
-        .graceful_shutdown_on(async move { controller_shutdown.cancelled().await })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                debug!(error = &error as &dyn std::error::Error, "Reconcile did not complete");
-            }
-        });
-    tokio::pin!(drained);
-    tokio::select! {
-        () = &mut drained => {}
-        () = shutdown.cancelled() => {
-            // Let in-flight passes finish, but not forever.
-            if tokio::time::timeout(SHUTDOWN_TIMEOUT, drained).await.is_err() {
-                warn!("In-flight passes did not finish in time");
+        .predicate_filter(trigger_hash, PredicateConfig::default());
+    let watch = tokio::spawn({
+        let (ctx, queue, stop) = (ctx.clone(), queue.clone(), shutdown.clone());
+        async move {
+            tokio::pin!(events);
+            loop {
+                let event = tokio::select! {
+                    event = events.next() => event,
+                    () = stop.cancelled() => return,
+                };
+                match event {
+                    Some(Ok(kyma)) => {
+                        let key = key_of(&kyma);
+                        ctx.mark_due(&key, Instant::now());
+                        queue.add(&key);
+                    }
+                    Some(Err(error)) => warn!(error = &error as &dyn std::error::Error, "Kyma watch failed; retrying"),
+                    None => return,
+                }
             }
         }
+    });
+    ctx.stats.started_unix_ms.store(unix_ms(), Ordering::Relaxed);
+    *lock(&ctx.kymas) = Some(kyma_store.clone());
+    *lock(&ctx.queue) = Some(queue.clone());
+
+    let tracker = tokio::spawn(track_first_round(ctx.clone(), kyma_store.clone(), shutdown.clone()));
+    let timers = tokio::spawn({
+        let (queue, stop) = (queue.clone(), shutdown.clone());
+        async move { queue.run_timers(&stop).await }
+    });
+    // As controller-runtime, workers start once the Kyma cache has synced: the store shows
+    // the initial list only when it is complete, and a key taken before would find no Kyma.
+    let synced = tokio::select! {
+        ready = until_ready(&kyma_store) => ready,
+        () = shutdown.cancelled() => false,
+    };
+    let workers: Vec<_> = (0..if synced { args.workers } else { 0 })
+        .map(|_| tokio::spawn(work(ctx.clone(), queue.clone(), kyma_store.clone(), shutdown.clone())))
+        .collect();
+    shutdown.cancelled().await;
+    // Let in-flight passes finish, but not forever.
+    if tokio::time::timeout(SHUTDOWN_TIMEOUT, future::join_all(workers)).await.is_err() {
+        warn!("In-flight passes did not finish in time");
     }
-    tracker.abort();
+    for task in [watch, tracker, timers] {
+        task.abort();
+    }
+}
+
+/// One worker: takes the next Kyma off the queue, runs its pass, requeues it (controller-
+/// runtime's `processNextWorkItem`), until `shutdown`.
+async fn work(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, kymas: Store<Kyma>, shutdown: CancellationToken) {
+    while let Some(key) = queue.get(&shutdown).await {
+        let kyma = key.split_once('/').and_then(|(ns, name)| kymas.get(&ObjectRef::new(name).within(ns)));
+        let requeue = match kyma {
+            Some(kyma) => match reconcile(kyma, &ctx).await {
+                Ok(()) => ctx.requeue_after_success(&key),
+                Err(_) => ctx.requeue_after_failure(&key),
+            },
+            // Deleted: nothing to do, and no requeue.
+            None => {
+                ctx.forget(&key);
+                None
+            }
+        };
+        if let Some(delay) = requeue {
+            queue.add_at(&key, tokio::time::Instant::now() + delay);
+        }
+        queue.done(&key);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -528,6 +575,8 @@ struct Ctx {
     catalog: Catalog,
     secrets: Store<Secret>,
     kymas: Mutex<Option<Store<Kyma>>>,
+    /// The work queue, once the controller runs (its length is the stats' `queued`).
+    queue: Mutex<Option<Arc<WorkQueue>>>,
     /// Cached clients by Kyma key and Secret version (`--skr-keep-connections`).
     skrs: Mutex<HashMap<String, (String, Client)>>,
     /// Token buckets by Kyma key.
@@ -568,6 +617,7 @@ impl Ctx {
             catalog,
             secrets,
             kymas: Mutex::new(None),
+            queue: Mutex::new(None),
             skrs: Mutex::new(HashMap::new()),
             limiters: Mutex::new(HashMap::new()),
             schedule: Mutex::new(Schedule::default()),
@@ -617,17 +667,40 @@ impl Ctx {
         }
     }
 
-    /// The Action after a successful pass (or skip).
-    fn requeue_after_success(&self, key: &str) -> Action {
+    /// The requeue delay after a successful pass (or skip): the period (none with `--once`).
+    fn requeue_after_success(&self, key: &str) -> Option<Duration> {
         let mut schedule = lock(&self.schedule);
         schedule.failures.remove(key);
         if self.settings.once {
-            return Action::await_change();
+            return None;
         }
         let at = Instant::now() + self.settings.period;
-        // A change seen during the pass makes the Kyma due now (the controller reruns it).
+        // A change seen during the pass makes the Kyma due now (the queue reruns it).
         schedule.due.entry(key.to_owned()).and_modify(|d| *d = (*d).min(at)).or_insert(at);
-        Action::requeue(self.settings.period)
+        Some(self.settings.period)
+    }
+
+    /// KLM's failure rate limiter: per Kyma, 5s doubled per failure in a row, capped at 30s
+    /// (none with `--once`).
+    fn requeue_after_failure(&self, key: &str) -> Option<Duration> {
+        if self.settings.once {
+            return None;
+        }
+        let mut schedule = lock(&self.schedule);
+        let failures = schedule.failures.entry(key.to_owned()).or_default();
+        *failures = failures.saturating_add(1);
+        let exp = self.settings.backoff_min.saturating_mul(2u32.saturating_pow((*failures - 1).min(20)));
+        let delay = exp.min(self.settings.backoff_max);
+        let at = Instant::now() + delay;
+        schedule.due.entry(key.to_owned()).and_modify(|d| *d = (*d).min(at)).or_insert(at);
+        Some(delay)
+    }
+
+    /// Drops the scheduling state of a deleted Kyma.
+    fn forget(&self, key: &str) {
+        let mut schedule = lock(&self.schedule);
+        schedule.failures.remove(key);
+        schedule.due.remove(key);
     }
 
     /// The SKR client of `kyma`: built per pass, or once per access-Secret version with
@@ -695,22 +768,23 @@ impl Ctx {
 
     fn stats(&self) -> BaselineStats {
         let kymas = lock(&self.kymas).as_ref().map_or(0, |s| s.len() as u64);
-        self.stats.snapshot(kymas)
+        let queued = lock(&self.queue).as_ref().map_or(0, |q| q.len() as u64);
+        BaselineStats { queued, ..self.stats.snapshot(kymas) }
     }
 }
 
 /// One Kyma reconcile: the catalog part of KLM's `handleProcessingState`.
-async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Ctx>) -> Result<Action, PassError> {
+async fn reconcile(kyma: Arc<Kyma>, ctx: &Ctx) -> Result<(), PassError> {
     let key = key_of(&kyma);
     let started = Instant::now();
     ctx.start_pass(&key, started);
     if is_flag_on(kyma.labels().get(SKIP_RECONCILIATION_LABEL)) {
         ctx.stats.skipped_passes.fetch_add(1, Ordering::Relaxed);
         ctx.complete(&key);
-        return Ok(ctx.requeue_after_success(&key));
+        return Ok(());
     }
     ctx.stats.in_flight.fetch_add(1, Ordering::Relaxed);
-    let result = pass(&kyma, &ctx).await;
+    let result = pass(&kyma, ctx).await;
     ctx.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
     ctx.stats.pass_seconds.push(started.elapsed());
     ctx.stats.passes.fetch_add(1, Ordering::Relaxed);
@@ -718,7 +792,7 @@ async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Ctx>) -> Result<Action, PassError> 
     match result {
         Ok(()) => {
             debug!(kyma = %key, seconds = started.elapsed().as_secs_f64(), "Synced catalog");
-            Ok(ctx.requeue_after_success(&key))
+            Ok(())
         }
         Err(error) => {
             ctx.stats.failed_passes.fetch_add(1, Ordering::Relaxed);
@@ -727,22 +801,6 @@ async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Ctx>) -> Result<Action, PassError> 
             Err(error)
         }
     }
-}
-
-/// KLM's failure rate limiter: per Kyma, 5s doubled per failure in a row, capped at 30s.
-fn error_policy(kyma: Arc<Kyma>, _error: &PassError, ctx: Arc<Ctx>) -> Action {
-    let key = key_of(&kyma);
-    let mut schedule = lock(&ctx.schedule);
-    if ctx.settings.once {
-        return Action::await_change();
-    }
-    let failures = schedule.failures.entry(key.clone()).or_default();
-    *failures = failures.saturating_add(1);
-    let exp = ctx.settings.backoff_min.saturating_mul(2u32.saturating_pow((*failures - 1).min(20)));
-    let delay = exp.min(ctx.settings.backoff_max);
-    let at = Instant::now() + delay;
-    schedule.due.entry(key).and_modify(|d| *d = (*d).min(at)).or_insert(at);
-    Action::requeue(delay)
 }
 
 /// One pass: desired set, SKR client, then apply-and-prune per kind (MTs, then MRMs).
@@ -1106,6 +1164,7 @@ impl Stats {
             started_unix_ms: self.started_unix_ms.load(Ordering::Relaxed),
             first_round_done_unix_ms: (first_round != 0).then_some(first_round),
             in_flight: self.in_flight.load(Ordering::Relaxed),
+            queued: 0,
             last_error: lock(&self.last_error).clone(),
         }
     }

@@ -661,23 +661,69 @@ pub async fn await_marks(
     t0_ms: u64,
     timeout: Duration,
 ) -> Result<Vec<f64>> {
-    let deadline = Instant::now() + timeout;
+    let reached = marks_until(sim, resource, name, value, expected, t0_ms, Instant::now() + timeout).await?;
+    if reached.latencies.len() < expected {
+        bail!(
+            "timed out after {}s: {} of {expected} SKRs hold {resource}/{name} (mark {value:?})",
+            timeout.as_secs(),
+            reached.latencies.len()
+        );
+    }
+    Ok(reached.latencies)
+}
+
+/// The SKRs that held a mark by the end of a bounded window.
+#[derive(Debug, Clone)]
+pub struct Reached {
+    /// Latency in seconds from the change, per SKR that holds it.
+    pub latencies: Vec<f64>,
+    /// SKRs expected to hold it.
+    pub expected: usize,
+    /// The window's length from the change, seconds.
+    pub window_secs: f64,
+}
+
+impl Reached {
+    /// p50 / p99 / max over all expected SKRs, those still without it counted as later than
+    /// the window (shown as `> window`).
+    pub fn dist(&self) -> [String; 3] {
+        let mut v = self.latencies.clone();
+        v.sort_by(f64::total_cmp);
+        let n = self.expected.max(v.len()).max(1);
+        let at = |q: f64| {
+            let rank = (((n as f64) * q).ceil() as usize).clamp(1, n) - 1;
+            v.get(rank).map_or_else(|| format!("> {:.0}", self.window_secs), |x| format!("{x:.2}"))
+        };
+        [at(0.5), at(0.99), at(1.0)]
+    }
+}
+
+/// Like [`await_marks`], but stops at `until` and returns how far the mark got.
+///
+/// # Errors
+/// Fails when the simulator cannot be asked.
+pub async fn marks_until(
+    sim: &SimAdmin,
+    resource: &str,
+    name: &str,
+    value: Option<&str>,
+    expected: usize,
+    t0_ms: u64,
+    until: Instant,
+) -> Result<Reached> {
     let mut last_report = Instant::now();
     loop {
         let marks = sim.marks(resource, name, value).await?;
-        if marks.holding >= expected {
-            return Ok(marks.first_held_unix_ms.iter().map(|t| (t.saturating_sub(t0_ms)) as f64 / 1000.0).collect());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "timed out after {}s: {} of {expected} SKRs hold {resource}/{name} (mark {value:?})",
-                timeout.as_secs(),
-                marks.holding
-            );
+        let now = Instant::now();
+        if marks.holding >= expected || now >= until {
+            let window_secs = (unix_ms().saturating_sub(t0_ms)) as f64 / 1000.0;
+            let latencies =
+                marks.first_held_unix_ms.iter().map(|t| (t.saturating_sub(t0_ms)) as f64 / 1000.0).collect();
+            return Ok(Reached { latencies, expected, window_secs });
         }
         if last_report.elapsed() > Duration::from_secs(10) {
             eprintln!("  {} of {expected} SKRs hold {resource}/{name}", marks.holding);
-            last_report = Instant::now();
+            last_report = now;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

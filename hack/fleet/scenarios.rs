@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use clap::{Args, ValueEnum};
 
-use crate::bench::{Bench, Dist, ProcSample, await_marks, await_synced, unix_ms};
+use crate::bench::{Bench, Dist, ProcSample, Reached, await_marks, await_synced, marks_until, unix_ms};
 use crate::sim::{Faults, MARK_ANNOTATION, SimStats};
 use crate::support;
 
@@ -28,6 +28,9 @@ pub enum Scenario {
     /// Propagation only: --kymas Kymas, then for each of --replicas a cold start and the
     /// propagation runs.
     Propagation,
+    /// The baseline alone: --kymas Kymas whose SKRs 3 replicas fill first, then the
+    /// baseline's window as in the fleet scenario.
+    Baseline,
     /// Request counts and per-request latency: real SKR apiservers vs the simulator.
     Calibrate,
     /// A small end-to-end run of the harness (about a minute).
@@ -71,6 +74,10 @@ pub struct RunArgs {
     /// Skip the baseline in the fleet scenario.
     #[arg(long)]
     pub no_baseline: bool,
+    /// How long the baseline's propagation is watched, seconds: SKRs that have not got the
+    /// changes by then count as later than the window.
+    #[arg(long, default_value = "1800")]
+    pub baseline_window_secs: u64,
     /// Skip growing to 2 x --kymas at the end of the fleet scenario.
     #[arg(long)]
     pub no_growth: bool,
@@ -143,6 +150,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let result = match args.scenario {
         Scenario::Fleet => fleet(&args, &dir, &mut report).await,
         Scenario::Propagation => propagation(&args, &dir, &mut report).await,
+        Scenario::Baseline => baseline_alone(&args, &dir, &mut report).await,
         Scenario::Calibrate => calibrate(&args, &dir, &mut report).await,
         Scenario::Smoke => smoke(&dir, &mut report).await,
     };
@@ -292,6 +300,19 @@ fn propagation_row(label: &str, p: &Propagation, objects: usize) -> Vec<String> 
     ]
 }
 
+const STEADY_HEADER: [&str; 10] = [
+    "run",
+    "periods",
+    "SKR requests / SKR / period",
+    "SKR writes",
+    "KCP writes (non-Lease)",
+    "KCP Lease writes",
+    "CPU s / period, per replica",
+    "peak RSS MiB, per replica",
+    "simulator CPU s / period",
+    "by verb",
+];
+
 const PROPAGATION_HEADER: [&str; 12] = [
     "run",
     "p50 s",
@@ -385,8 +406,8 @@ async fn fleet(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Re
         speed.insert(replicas, (run.props.p99, run.props.slow_p99));
     }
 
-    // The baseline at n Kymas: one full round, then the same three changes, until the next
-    // round has brought them to every SKR.
+    // The baseline at n Kymas: the same three changes at once, in its periodic regime, until
+    // its passes have brought them to every SKR.
     let baseline = if args.no_baseline { None } else { Some(baseline(args, &bench).await?) };
 
     // Steady state: 3 fresh replicas with a short resync period, 3 periods.
@@ -428,28 +449,31 @@ async fn fleet(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Re
     if let Some(b) = &baseline {
         steady_rows.push(b.steady.clone());
     }
-    report.section(
-        "Steady state",
-        &table(
-            &[
-                "run",
-                "periods",
-                "SKR requests / SKR / period",
-                "SKR writes",
-                "KCP writes (non-Lease)",
-                "KCP Lease writes",
-                "CPU s / period, per replica",
-                "peak RSS MiB, per replica",
-                "simulator CPU s / period",
-                "by verb",
-            ],
-            &steady_rows,
-        ),
-    );
+    report.section("Steady state", &table(&STEADY_HEADER, &steady_rows));
     report.section(
         "Memory",
         &table(&["Kymas", "replicas", "peak RSS MiB per replica", "max", "RSS now MiB"], &memory_rows),
     );
+    Ok(())
+}
+
+/// The baseline alone: `--kymas` Kymas, their SKRs filled by 3 replicas (then stopped), then
+/// the baseline's window as in the fleet scenario.
+async fn baseline_alone(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Result<()> {
+    let faults = Faults { latency_ms: args.latency_ms, ..Faults::default() };
+    eprintln!("starting the KCP and the simulator");
+    let mut bench = Bench::start(dir).await?;
+    bench.install_catalog().await?;
+    bench.start_sim(&faults).await?;
+    eprintln!("creating {} Kymas", args.kymas);
+    bench.add_sim_kymas(args.kymas).await?;
+    eprintln!("3 replicas fill the SKRs");
+    start_replicas(&mut bench, &replica_ids(3, 0), &[], Duration::from_secs(900)).await?;
+    bench.terminate_all().await?;
+    let b = baseline(args, &bench).await?;
+    report.section("Propagation", &table(&PROPAGATION_HEADER, &[b.one, b.release]));
+    report.section("New module (MRM + MT created)", &table(&["run", "p50 s", "p99 s", "max s"], &[b.new_module]));
+    report.section("Steady state", &table(&STEADY_HEADER, &[b.steady]));
     Ok(())
 }
 
@@ -842,27 +866,43 @@ struct BaselineRows {
     steady: Vec<String>,
 }
 
-/// The baseline at the bench's Kymas: one full round, then the one-MT update, the release and
-/// a new module at once, until the next round has brought all of them to every SKR.
+/// The baseline at the bench's Kymas. Once every Kyma had a pass, or one period after its
+/// start if the round takes longer, the one-MT update, the release and a new module are made
+/// at once; then until every SKR holds all three, or `--baseline-window-secs` ran out (the
+/// rows then show the SKRs still without them as `> window`).
 async fn baseline(args: &RunArgs, bench: &Bench) -> Result<BaselineRows> {
     eprintln!("baseline: {} workers, period {}s", args.baseline_workers, args.baseline_period_secs);
     let n = bench.kymas.len();
     let period = Duration::from_secs(args.baseline_period_secs);
     let process = bench.start_baseline(period, args.baseline_workers, false).await?;
-    let timeout = period * 4 + Duration::from_secs(600);
-    // First round.
-    let deadline = Instant::now() + timeout;
-    loop {
+    // Its periodic regime: from then on each Kyma is requeued or still waits in FIFO order,
+    // and takes the changes at its next pass.
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    let first_round = loop {
         let s = process.admin.stats().await?;
-        if s.first_round_done_unix_ms.is_some() {
-            break;
+        if s.first_round_done_unix_ms.is_some() || (s.kymas as usize >= n && started.elapsed() >= period) {
+            break s;
         }
-        if Instant::now() > deadline {
-            bail!("the baseline did not finish its first round within {}s", timeout.as_secs());
+        ensure!(
+            started.elapsed() < period + Duration::from_secs(120),
+            "the baseline did not list the {n} Kymas within {}s of its start ({} in its cache)",
+            (period + Duration::from_secs(120)).as_secs(),
+            s.kymas
+        );
+        if last_report.elapsed() >= Duration::from_secs(30) {
+            eprintln!("  baseline: {} passes, {} queued, {} in flight", s.passes, s.queued, s.in_flight);
+            last_report = Instant::now();
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    let first_round = process.admin.stats().await?;
+    };
+    eprintln!(
+        "baseline: changes at {:.0}s, after {} passes ({} queued; first round {})",
+        started.elapsed().as_secs_f64(),
+        first_round.passes,
+        first_round.queued,
+        if first_round.first_round_done_unix_ms.is_some() { "done" } else { "not done" }
+    );
     let sim = &bench.sim()?.admin;
     sim.reset().await?;
     process.admin.reset().await?;
@@ -871,21 +911,22 @@ async fn baseline(args: &RunArgs, bench: &Bench) -> Result<BaselineRows> {
     let sim0 = crate::bench::proc_sample(sim_pid)?;
     let t0 = unix_ms();
     let started = Instant::now();
-    // The three changes at once.
+    let until = started + Duration::from_secs(args.baseline_window_secs);
+    // The three changes at once. The release's MTs include the probe MT: it keeps the
+    // one-MT mark (one object carries one mark), the other 10 objects get the release's.
     let mt = probe_mt();
-    bench.annotate("moduletemplates", &mt, MARK_ANNOTATION, "baseline-one").await?;
     let (rel_mts, rel_mrm) = release();
-    for m in &rel_mts {
+    for m in rel_mts.iter().filter(|m| **m != mt) {
         bench.annotate("moduletemplates", m, MARK_ANNOTATION, "baseline-release").await?;
     }
+    bench.annotate("moduletemplates", &mt, MARK_ANNOTATION, "baseline-one").await?;
     bench.annotate("modulereleasemetas", &rel_mrm, MARK_ANNOTATION, "baseline-release").await?;
     let (nmt, nmrm) = new_module_objects("fleet-newer");
     bench.apply_catalog_object(&nmt).await?;
     bench.apply_catalog_object(&nmrm).await?;
-    let one = Dist::of(&await_marks(sim, "moduletemplates", &mt, Some("baseline-one"), n, t0, timeout).await?);
-    let rel =
-        Dist::of(&await_marks(sim, "modulereleasemetas", &rel_mrm, Some("baseline-release"), n, t0, timeout).await?);
-    let nm = Dist::of(&await_marks(sim, "modulereleasemetas", "fleet-newer", None, n, t0, timeout).await?);
+    let one = marks_until(sim, "moduletemplates", &mt, Some("baseline-one"), n, t0, until).await?;
+    let rel = marks_until(sim, "modulereleasemetas", &rel_mrm, Some("baseline-release"), n, t0, until).await?;
+    let nm = marks_until(sim, "modulereleasemetas", "fleet-newer", None, n, t0, until).await?;
     let wall = started.elapsed().as_secs_f64();
     let cpu1 = crate::bench::proc_sample(process.pid())?;
     let sim1 = crate::bench::proc_sample(sim_pid)?;
@@ -897,12 +938,13 @@ async fn baseline(args: &RunArgs, bench: &Bench) -> Result<BaselineRows> {
     // The window covers about one pass per Kyma (the second round).
     let passes = stats.passes.max(1) as f64;
     let periods = passes / n as f64;
-    let row = |label: &str, d: &Dist| {
+    let row = |label: &str, r: &Reached| {
+        let [p50, p99, max] = r.dist();
         vec![
             label.to_owned(),
-            f2(d.p50),
-            f2(d.p99),
-            f2(d.max),
+            p50,
+            p99,
+            max,
             w.stats.total_requests.to_string(),
             f2(w.per_skr(w.stats.total_requests)),
             w.stats.writes.to_string(),
@@ -914,13 +956,14 @@ async fn baseline(args: &RunArgs, bench: &Bench) -> Result<BaselineRows> {
         ]
     };
     eprintln!(
-        "baseline: first round {:?}, window {wall:.0}s, {} passes, pass p50 {:.2}s",
-        first_round.first_round_done_unix_ms, stats.passes, stats.pass_seconds.p50
+        "baseline: window {wall:.0}s, {} passes, pass p50 {:.2}s, queue lag p50 {:.0}s p99 {:.0}s",
+        stats.passes, stats.pass_seconds.p50, stats.queue_lag_seconds.p50, stats.queue_lag_seconds.p99
     );
+    let [nm50, nm99, nm_max] = nm.dist();
     Ok(BaselineRows {
         one: row(&format!("baseline ({}s period): 1 MT update (all three changes at once)", period.as_secs()), &one),
         release: row("baseline: release 10 MTs + 1 MRM (same window)", &rel),
-        new_module: vec![format!("baseline ({}s period)", period.as_secs()), f2(nm.p50), f2(nm.p99), f2(nm.max)],
+        new_module: vec![format!("baseline ({}s period)", period.as_secs()), nm50, nm99, nm_max],
         steady: vec![
             format!("baseline, {} workers, period {}s", args.baseline_workers, period.as_secs()),
             f2(periods),
