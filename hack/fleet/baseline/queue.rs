@@ -73,12 +73,15 @@ impl WorkQueue {
     }
 
     /// The next key, in FIFO order, marked as processing (`Get`); `None` once `stop` is
-    /// cancelled.
+    /// cancelled, even with keys still queued.
     pub(super) async fn get(&self, stop: &CancellationToken) -> Option<String> {
         loop {
             let notified = self.ready.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            if stop.is_cancelled() {
+                return None;
+            }
             if let Some(key) = self.pop() {
                 return Some(key);
             }
@@ -237,8 +240,13 @@ mod tests {
             async move { queue.get(&stop).await }
         });
         tokio::time::sleep(Duration::from_secs(1)).await;
+        queue.add("c");
+        queue.add("d");
         stop.cancel();
-        assert_eq!(waiting.await.ok(), Some(None));
+        // The waiting worker may have taken "c" before the stop; nothing is handed out after.
+        let last = waiting.await.ok().flatten();
+        assert!(matches!(last.as_deref(), None | Some("c")), "{last:?}");
+        assert_eq!(queue.get(&stop).await, None);
         timers.await.ok();
     }
 }
