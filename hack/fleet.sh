@@ -3,7 +3,7 @@
 # thousands of Kymas, catalogsync replicas as real processes, an SKR simulator, and
 # lifecycle-manager's in-loop sync reproduced as the baseline.
 #
-#   hack/fleet.sh run fleet       # the fleet-scale scenarios at 5,000 Kymas, with the baseline (about 70 min)
+#   hack/fleet.sh run fleet       # the fleet-scale scenarios at 5,000 Kymas, with the baseline (about 50 min)
 #   hack/fleet.sh run propagation # propagation only, per --replicas (about 15 min at 3 replicas)
 #   hack/fleet.sh run baseline    # lifecycle-manager's in-loop sync alone (about 20 min at 5,000)
 #   hack/fleet.sh run calibrate   # real SKR apiservers vs the simulator (about 3 min)
