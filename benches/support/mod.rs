@@ -14,7 +14,7 @@
 //! - one module, [`RESTRICTED_MODULE`], is restricted and its MRM has a `kymaSelector` that the
 //!   bench Kymas match.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use catalogsync::api::{BETA_LABEL, INTERNAL_LABEL, LAST_APPLIED_ANNOTATION, ModuleReleaseMeta, ModuleTemplate};
 use catalogsync::catalog::render::CopyDigest;
@@ -318,10 +318,10 @@ fn resource_version(i: usize) -> String {
 /// and what the replica remembers of its last write there: every object unchanged.
 pub fn warm_skr(desired: &BTreeMap<String, DesiredObject>) -> (Vec<Observed>, KindMemory) {
     let mut observed = Vec::with_capacity(desired.len());
-    let mut memory = HashMap::with_capacity(desired.len());
+    let mut memory = KindMemory::new();
     for (i, (name, want)) in desired.iter().enumerate() {
         let rv = resource_version(i);
-        memory.insert(name.clone(), (rv.clone(), want.hash));
+        memory.remember(name, &rv, want.hash);
         observed.push(Observed { name: name.clone(), resource_version: rv, managed: true, content: None });
     }
     (observed, memory)
@@ -360,5 +360,5 @@ pub fn cold_skr(desired: &BTreeMap<String, DesiredObject>) -> (Vec<Observed>, Ki
             }
         })
         .collect();
-    (observed, HashMap::new())
+    (observed, KindMemory::new())
 }

@@ -35,7 +35,89 @@ pub struct Observed {
 /// What this replica remembers of one kind in one SKR: per object name, the
 /// `resourceVersion` it saw after its last write or verification, and the content hash of the
 /// desired body at that time.
-pub type KindMemory = HashMap<String, (String, u64)>;
+///
+/// A replica holds one per kind for each of its SKRs (thousands, about 90 names each), so the
+/// entries are compact: keyed by the xxh3 hash of the name, with the resourceVersion as a
+/// number when it is one (as etcd's always are) and the text otherwise. A name-hash collision
+/// could only make two names share an entry, whose resourceVersion then matches neither
+/// object's (resourceVersions are unique within an apiserver): the copy is applied, never
+/// wrongly skipped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KindMemory(HashMap<u64, Remembered>);
+
+/// One remembered copy: its `resourceVersion` and the desired content hash.
+#[derive(Debug, Clone, PartialEq)]
+struct Remembered {
+    resource_version: ResourceVersion,
+    hash: u64,
+}
+
+/// A `resourceVersion`, stored exactly: as a number when it is the canonical decimal form of
+/// one (no sign, no leading zero), else as its text.
+#[derive(Debug, Clone, PartialEq)]
+enum ResourceVersion {
+    Number(u64),
+    Text(Box<str>),
+}
+
+impl ResourceVersion {
+    fn of(rv: &str) -> Self {
+        let canonical = !rv.is_empty() && rv.bytes().all(|b| b.is_ascii_digit()) && (rv == "0" || !rv.starts_with('0'));
+        match rv.parse::<u64>() {
+            Ok(n) if canonical => ResourceVersion::Number(n),
+            _ => ResourceVersion::Text(rv.into()),
+        }
+    }
+
+    fn is(&self, rv: &str) -> bool {
+        match self {
+            ResourceVersion::Number(n) => ResourceVersion::of(rv) == ResourceVersion::Number(*n),
+            ResourceVersion::Text(text) => **text == *rv,
+        }
+    }
+}
+
+fn name_key(name: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+}
+
+impl KindMemory {
+    /// Empty memory.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Remembers that `name` had `resource_version` when its desired body hashed to `hash`.
+    pub fn remember(&mut self, name: &str, resource_version: &str, hash: u64) {
+        self.0.insert(name_key(name), Remembered { resource_version: ResourceVersion::of(resource_version), hash });
+    }
+
+    /// Forgets `name`.
+    pub fn forget(&mut self, name: &str) {
+        self.0.remove(&name_key(name));
+    }
+
+    /// Whether `name` is remembered with exactly this `resource_version` and desired `hash`.
+    pub fn matches(&self, name: &str, resource_version: &str, hash: u64) -> bool {
+        self.0.get(&name_key(name)).is_some_and(|r| r.hash == hash && r.resource_version.is(resource_version))
+    }
+
+    /// Keeps only the names in `names` (what the SKR holds now).
+    pub fn retain_names<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
+        let keep: std::collections::HashSet<u64> = names.into_iter().map(name_key).collect();
+        self.0.retain(|key, _| keep.contains(key));
+    }
+
+    /// Number of remembered names.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 /// The work for one kind in one SKR.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -65,7 +147,7 @@ pub fn plan(desired: &BTreeMap<String, DesiredObject>, observed: &[Observed], me
             out.apply.push(want.clone());
             continue;
         };
-        let remembered = memory.get(name).is_some_and(|(rv, hash)| *rv == have.resource_version && *hash == want.hash);
+        let remembered = memory.matches(name, &have.resource_version, want.hash);
         let verified = have.content.as_ref().is_some_and(|digest| digest.matches(&want.payload));
         if remembered || verified {
             out.unchanged.push((name.clone(), have.resource_version.clone(), want.hash));

@@ -169,7 +169,7 @@ impl SkrTarget<'_> {
                 }
                 Err(err) => return Err(err),
             };
-            memory.retain(|name, _| observed.iter().any(|o| &o.name == name));
+            memory.retain_names(observed.iter().map(|o| o.name.as_str()));
             let plan = plan(desired.of(kind), &observed, memory);
             if let Err(err) = self.execute(kind, &plan, memory, &mut report).await {
                 first_error.get_or_insert(err);
@@ -189,7 +189,7 @@ impl SkrTarget<'_> {
         report: &mut SyncReport,
     ) -> Result<()> {
         for (name, rv, hash) in &plan.unchanged {
-            memory.insert(name.clone(), (rv.clone(), *hash));
+            memory.remember(name, rv, *hash);
         }
         *report.unchanged.entry(kind).or_default() += plan.unchanged.len();
 
@@ -209,7 +209,7 @@ impl SkrTarget<'_> {
         for r in results {
             match r {
                 Ok((name, rv, hash)) => {
-                    memory.insert(name, (rv, hash));
+                    memory.remember(&name, &rv, hash);
                     *report.applied.entry(kind).or_default() += 1;
                 }
                 Err(err) => {
@@ -240,7 +240,7 @@ impl SkrTarget<'_> {
             .try_collect()
             .await?;
         for name in &pruned {
-            memory.remove(name);
+            memory.forget(name);
         }
         *report.pruned.entry(kind).or_default() += pruned.len();
         Ok(())

@@ -65,7 +65,11 @@ fn listed_meta(name: &str, rv: &str, managed: bool) -> Observed {
 }
 
 fn remember(entries: &[(&str, &str, u64)]) -> KindMemory {
-    entries.iter().map(|(name, rv, hash)| ((*name).to_owned(), ((*rv).to_owned(), *hash))).collect()
+    let mut memory = KindMemory::new();
+    for (name, rv, hash) in entries {
+        memory.remember(name, rv, *hash);
+    }
+    memory
 }
 
 fn applied(plan: &Plan) -> Vec<&str> {
@@ -348,4 +352,34 @@ fn render_of_a_klm_template_keeps_descriptor_and_data_byte_for_byte() {
     let view = &snapshot(&[kcp], &[]).templates["btp-operator-1.1.0"];
     assert_eq!(*view.payload, copy);
     assert_eq!(view.hash, content_hash(&copy));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn memory_matches_exactly_the_remembered_version_and_hash() {
+    let mut memory = KindMemory::new();
+    memory.remember("keda-1.0.0", "1234", 7);
+    memory.remember("odd", "0012", 7);
+    memory.remember("opaque", "a/b:c", 7);
+    assert!(memory.matches("keda-1.0.0", "1234", 7));
+    assert!(!memory.matches("keda-1.0.0", "1235", 7));
+    assert!(!memory.matches("keda-1.0.0", "1234", 8));
+    assert!(!memory.matches("serverless-1.0.0", "1234", 7));
+    // Non-canonical and non-numeric versions are kept as text, compared as text.
+    assert!(memory.matches("odd", "0012", 7));
+    assert!(!memory.matches("odd", "12", 7));
+    assert!(!memory.matches("keda-1.0.0", "01234", 7));
+    assert!(!memory.matches("keda-1.0.0", "+1234", 7));
+    assert!(memory.matches("opaque", "a/b:c", 7));
+    memory.remember("keda-1.0.0", "1300", 8);
+    assert!(memory.matches("keda-1.0.0", "1300", 8) && !memory.matches("keda-1.0.0", "1234", 7));
+    memory.retain_names(["keda-1.0.0", "opaque"]);
+    assert_eq!(memory.len(), 2);
+    assert!(!memory.matches("odd", "0012", 7));
+    memory.forget("keda-1.0.0");
+    assert!(!memory.matches("keda-1.0.0", "1300", 8));
+    assert_eq!(memory.len(), 1);
 }
