@@ -344,11 +344,7 @@ fn memory_row(kymas: usize, replicas: usize, samples: &BTreeMap<String, ProcSamp
 /// The fleet-scale pipeline.
 async fn fleet(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Result<()> {
     let n = args.kymas;
-    let faults = Faults { latency_ms: args.latency_ms, ..Faults::default() };
-    eprintln!("starting the KCP and the simulator");
-    let mut bench = Bench::start(dir).await?;
-    bench.install_catalog().await?;
-    bench.start_sim(&faults).await?;
+    let mut bench = start_bench(args, dir, 0).await?;
     let sync_timeout = Duration::from_secs(900);
 
     // Memory as Kymas grow, with 3 replicas: first_kymas, then n.
@@ -457,16 +453,23 @@ async fn fleet(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Re
     Ok(())
 }
 
-/// The baseline alone: `--kymas` Kymas, their SKRs filled by 3 replicas (then stopped), then
-/// the baseline's window as in the fleet scenario.
-async fn baseline_alone(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Result<()> {
-    let faults = Faults { latency_ms: args.latency_ms, ..Faults::default() };
+/// The KCP with the catalog and the simulator with `--latency-ms`, then `kymas` Kymas.
+async fn start_bench(args: &RunArgs, dir: &std::path::Path, kymas: usize) -> Result<Bench> {
     eprintln!("starting the KCP and the simulator");
     let mut bench = Bench::start(dir).await?;
     bench.install_catalog().await?;
-    bench.start_sim(&faults).await?;
-    eprintln!("creating {} Kymas", args.kymas);
-    bench.add_sim_kymas(args.kymas).await?;
+    bench.start_sim(&Faults { latency_ms: args.latency_ms, ..Faults::default() }).await?;
+    if kymas > 0 {
+        eprintln!("creating {kymas} Kymas");
+        bench.add_sim_kymas(kymas).await?;
+    }
+    Ok(bench)
+}
+
+/// The baseline alone: `--kymas` Kymas, their SKRs filled by 3 replicas (then stopped), then
+/// the baseline's window as in the fleet scenario.
+async fn baseline_alone(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Result<()> {
+    let mut bench = start_bench(args, dir, args.kymas).await?;
     eprintln!("3 replicas fill the SKRs");
     start_replicas(&mut bench, &replica_ids(3, 0), &[], Duration::from_secs(900)).await?;
     bench.terminate_all().await?;
@@ -480,13 +483,7 @@ async fn baseline_alone(args: &RunArgs, dir: &std::path::Path, report: &mut Repo
 /// The propagation scenario alone: `--kymas` Kymas, then for each replica count a cold start
 /// (the first one onto empty SKRs) and the propagation runs.
 async fn propagation(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Result<()> {
-    let faults = Faults { latency_ms: args.latency_ms, ..Faults::default() };
-    eprintln!("starting the KCP and the simulator");
-    let mut bench = Bench::start(dir).await?;
-    bench.install_catalog().await?;
-    bench.start_sim(&faults).await?;
-    eprintln!("creating {} Kymas", args.kymas);
-    bench.add_sim_kymas(args.kymas).await?;
+    let mut bench = start_bench(args, dir, args.kymas).await?;
     let (mut rollout_rows, mut prop_rows, mut memory_rows) = (Vec::new(), Vec::new(), Vec::new());
     let mut speed: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
     for (i, &replicas) in args.replicas.iter().enumerate() {
