@@ -569,6 +569,13 @@ struct Schedule {
     first_round_done: bool,
 }
 
+impl Schedule {
+    /// Records that `key` is due at `at` unless it was due earlier already.
+    fn mark_due(&mut self, key: &str, at: Instant) {
+        self.due.entry(key.to_owned()).and_modify(|d| *d = (*d).min(at)).or_insert(at);
+    }
+}
+
 /// Everything a reconcile needs.
 struct Ctx {
     settings: Settings,
@@ -628,7 +635,7 @@ impl Ctx {
 
     /// Records that `key` is due at `at` unless it was due earlier already.
     fn mark_due(&self, key: &str, at: Instant) {
-        lock(&self.schedule).due.entry(key.to_owned()).and_modify(|d| *d = (*d).min(at)).or_insert(at);
+        lock(&self.schedule).mark_due(key, at);
     }
 
     /// Records the start of a pass: its queue lag.
@@ -674,9 +681,8 @@ impl Ctx {
         if self.settings.once {
             return None;
         }
-        let at = Instant::now() + self.settings.period;
         // A change seen during the pass makes the Kyma due now (the queue reruns it).
-        schedule.due.entry(key.to_owned()).and_modify(|d| *d = (*d).min(at)).or_insert(at);
+        schedule.mark_due(key, Instant::now() + self.settings.period);
         Some(self.settings.period)
     }
 
@@ -691,8 +697,7 @@ impl Ctx {
         *failures = failures.saturating_add(1);
         let exp = self.settings.backoff_min.saturating_mul(2u32.saturating_pow((*failures - 1).min(20)));
         let delay = exp.min(self.settings.backoff_max);
-        let at = Instant::now() + delay;
-        schedule.due.entry(key.to_owned()).and_modify(|d| *d = (*d).min(at)).or_insert(at);
+        schedule.mark_due(key, Instant::now() + delay);
         Some(delay)
     }
 

@@ -642,9 +642,14 @@ impl Dist {
         }
         let mut v = values.to_vec();
         v.sort_by(f64::total_cmp);
-        let at = |q: f64| v[(((v.len() as f64) * q).ceil() as usize).clamp(1, v.len()) - 1];
+        let at = |q: f64| v[nearest_rank(v.len(), q)];
         Self { p50: at(0.5), p99: at(0.99), max: v[v.len() - 1] }
     }
+}
+
+/// The index of quantile `q` among `n` sorted values (nearest rank; `n` > 0).
+fn nearest_rank(n: usize, q: f64) -> usize {
+    (((n as f64) * q).ceil() as usize).clamp(1, n) - 1
 }
 
 /// Watches every SKR of the simulator until each holds `name` of `resource` with mark
@@ -691,8 +696,7 @@ impl Reached {
         v.sort_by(f64::total_cmp);
         let n = self.expected.max(v.len()).max(1);
         let at = |q: f64| {
-            let rank = (((n as f64) * q).ceil() as usize).clamp(1, n) - 1;
-            v.get(rank).map_or_else(|| format!("> {:.0}", self.window_secs), |x| format!("{x:.2}"))
+            v.get(nearest_rank(n, q)).map_or_else(|| format!("> {:.0}", self.window_secs), |x| format!("{x:.2}"))
         };
         [at(0.5), at(0.99), at(1.0)]
     }
@@ -751,5 +755,20 @@ pub async fn await_synced(bench: &Bench, syncs: usize, timeout: Duration) -> Res
             last_report = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skrs_still_without_a_mark_count_as_later_than_the_window() {
+        let all = Reached { latencies: (1..=100).map(f64::from).collect(), expected: 100, window_secs: 600.0 };
+        assert_eq!(all.dist(), ["50.00".to_owned(), "99.00".into(), "100.00".into()]);
+        let most = Reached { latencies: (1..=98).map(f64::from).collect(), expected: 100, window_secs: 600.0 };
+        assert_eq!(most.dist(), ["50.00".to_owned(), "> 600".into(), "> 600".into()]);
+        let d = Dist::of(&(1..=100).map(f64::from).collect::<Vec<_>>());
+        assert_eq!((d.p50, d.p99, d.max), (50.0, 99.0, 100.0));
     }
 }

@@ -932,7 +932,7 @@ async fn baseline(args: &RunArgs, bench: &Bench) -> Result<BaselineRows> {
     let t1 = unix_ms();
     let kcp_writes = bench.kcp_writes("admin", t0, t1);
     process.stop().await;
-    // The window covers about one pass per Kyma (the second round).
+    // The window covers about one pass per Kyma (one round).
     let passes = stats.passes.max(1) as f64;
     let periods = passes / n as f64;
     let row = |label: &str, r: &Reached| {

@@ -62,16 +62,18 @@ enum ResourceVersion {
 
 impl ResourceVersion {
     fn of(rv: &str) -> Self {
+        Self::number(rv).map_or_else(|| ResourceVersion::Text(rv.into()), ResourceVersion::Number)
+    }
+
+    /// The number `rv` is the canonical decimal form of, if any.
+    fn number(rv: &str) -> Option<u64> {
         let canonical = !rv.is_empty() && rv.bytes().all(|b| b.is_ascii_digit()) && (rv == "0" || !rv.starts_with('0'));
-        match rv.parse::<u64>() {
-            Ok(n) if canonical => ResourceVersion::Number(n),
-            _ => ResourceVersion::Text(rv.into()),
-        }
+        canonical.then(|| rv.parse().ok()).flatten()
     }
 
     fn is(&self, rv: &str) -> bool {
         match self {
-            ResourceVersion::Number(n) => ResourceVersion::of(rv) == ResourceVersion::Number(*n),
+            ResourceVersion::Number(n) => Self::number(rv) == Some(*n),
             ResourceVersion::Text(text) => **text == *rv,
         }
     }
