@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-eval "$(hack/k8s-bins.sh)"
+eval "$(hack/k8s-bins.sh etcd kube-apiserver)"
 profile="${FLEET_PROFILE:-release}"
 if [[ "$profile" == release ]]; then
   cargo build --locked --release --bin catalogsync --example fleet

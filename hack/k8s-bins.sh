@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Builds (once) the kube-apiserver and etcd binaries that catalogsync's tests and
-# local demo run, from the Go modules under hack/k8s/, into a cache outside the
-# work tree. Prints the two paths as shell exports on stdout; progress goes to stderr.
+# Builds (once) the kube-apiserver, etcd and kube-controller-manager binaries that
+# catalogsync's tests and local demo run, from the Go modules under hack/k8s/, into a
+# cache outside the work tree. Prints the three paths as shell exports on stdout;
+# progress goes to stderr.
 #
-#   eval "$(hack/k8s-bins.sh)"
+#   eval "$(hack/k8s-bins.sh)"                         # all three
+#   eval "$(hack/k8s-bins.sh etcd kube-apiserver)"     # only these
 #
-# Reuses, in this order: TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD, KUBEBUILDER_ASSETS
-# (envtest's layout), then the cache (checked by each binary's --version).
+# Reuses for each binary, in this order: TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD /
+# TEST_ASSET_KUBE_CONTROLLER_MANAGER, KUBEBUILDER_ASSETS (envtest's layout), then the cache
+# (checked by each binary's --version).
 set -euo pipefail
 
 KUBE_VERSION=v1.35.4
@@ -17,26 +20,24 @@ bin_dir="$cache_root/k8s/kube-$KUBE_VERSION-etcd-$ETCD_VERSION"
 
 log() { printf 'k8s-bins: %s\n' "$*" >&2; }
 
-if [[ -n "${TEST_ASSET_KUBE_APISERVER:-}" && -n "${TEST_ASSET_ETCD:-}" ]]; then
-  log "using TEST_ASSET_KUBE_APISERVER and TEST_ASSET_ETCD from the environment"
-  printf 'export TEST_ASSET_KUBE_APISERVER=%q\nexport TEST_ASSET_ETCD=%q\n' "$TEST_ASSET_KUBE_APISERVER" "$TEST_ASSET_ETCD"
-  exit 0
-fi
-if [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" && -x "$KUBEBUILDER_ASSETS/etcd" ]]; then
-  log "using binaries from KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
-  printf 'export TEST_ASSET_KUBE_APISERVER=%q\nexport TEST_ASSET_ETCD=%q\n' "$KUBEBUILDER_ASSETS/kube-apiserver" "$KUBEBUILDER_ASSETS/etcd"
-  exit 0
-fi
-
-command -v go >/dev/null || { log "error: go is not installed; it is needed to build kube-apiserver and etcd"; exit 1; }
-mkdir -p "$bin_dir"
+# One binary: from $env_var, else $KUBEBUILDER_ASSETS/<name>, else nothing (built below).
+given() { # env-var name
+  local env_var=$1 name=$2
+  if [[ -n "${!env_var:-}" ]]; then
+    printf '%s' "${!env_var}"
+  elif [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/$name" ]]; then
+    printf '%s' "$KUBEBUILDER_ASSETS/$name"
+  fi
+}
 
 build() { # name version-regex module-dir ldflags
   local name=$1 want=$2 dir=$3 ldflags=$4 out="$bin_dir/$1"
-  if [[ -x "$out" ]] && "$out" --version 2>/dev/null | grep -q -- "$want"; then
+  if [[ -x "$out" ]] && "$out" --version 2>/dev/null | grep -- "$want" >/dev/null; then
     log "$name $want: cached at $out"
     return
   fi
+  command -v go >/dev/null || { log "error: go is not installed; it is needed to build $name"; exit 1; }
+  mkdir -p "$bin_dir"
   log "$name $want: building from $dir (a cold build takes 10-25 minutes on 2 cores)"
   local start=$SECONDS
   (cd "$dir" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly \
@@ -45,9 +46,43 @@ build() { # name version-regex module-dir ldflags
   log "$name $want: built in $((SECONDS - start)) s"
 }
 
-build etcd "${ETCD_VERSION#v}" "$here/k8s/etcd" \
-  "-X go.etcd.io/etcd/api/v3/version.Version=${ETCD_VERSION#v}"
-build kube-apiserver "Kubernetes $KUBE_VERSION" "$here/k8s/kube-apiserver" \
-  "-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35 -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=2026-01-01T00:00:00Z"
+kube_ldflags="-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35 -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=2026-01-01T00:00:00Z"
 
-printf 'export TEST_ASSET_KUBE_APISERVER=%q\nexport TEST_ASSET_ETCD=%q\n' "$bin_dir/kube-apiserver" "$bin_dir/etcd"
+# Prints `export VAR=path` for one binary, building it into the cache when not given.
+provide() { # env-var name version-regex module-dir ldflags
+  local env_var=$1 name=$2 path
+  path="$(given "$env_var" "$name")"
+  if [[ -n "$path" ]]; then
+    log "$name: using $path (from $env_var or KUBEBUILDER_ASSETS)"
+  else
+    build "$name" "$3" "$4" "$5"
+    path="$bin_dir/$name"
+  fi
+  printf 'export %s=%q\n' "$env_var" "$path"
+}
+
+# kube-controller-manager runs the Deployment, ReplicaSet, HPA and disruption controllers in
+# the tests of deploy/ (tests/deployment.rs); envtest does not ship it, so it is built even
+# when the other two come from KUBEBUILDER_ASSETS.
+wanted=("$@")
+if ((${#wanted[@]} == 0)); then wanted=(etcd kube-apiserver kube-controller-manager); fi
+for name in "${wanted[@]}"; do
+  case $name in
+  etcd | kube-apiserver | kube-controller-manager) ;;
+  *) log "error: unknown binary $name (etcd, kube-apiserver, kube-controller-manager)"; exit 2 ;;
+  esac
+done
+wants() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
+
+# (`if`, not `wants x && provide ...`: bash ignores `set -e` inside an `&&` list.)
+if wants etcd; then
+  provide TEST_ASSET_ETCD etcd "${ETCD_VERSION#v}" "$here/k8s/etcd" \
+    "-X go.etcd.io/etcd/api/v3/version.Version=${ETCD_VERSION#v}"
+fi
+if wants kube-apiserver; then
+  provide TEST_ASSET_KUBE_APISERVER kube-apiserver "Kubernetes $KUBE_VERSION" "$here/k8s/kube-apiserver" "$kube_ldflags"
+fi
+if wants kube-controller-manager; then
+  provide TEST_ASSET_KUBE_CONTROLLER_MANAGER kube-controller-manager "Kubernetes $KUBE_VERSION" \
+    "$here/k8s/kube-controller-manager" "$kube_ldflags"
+fi

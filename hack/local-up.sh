@@ -10,6 +10,6 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-eval "$(hack/k8s-bins.sh)"
+eval "$(hack/k8s-bins.sh etcd kube-apiserver)"
 cargo build --locked --bin catalogsync --example local-up
 exec "${CARGO_TARGET_DIR:-target}/debug/examples/local-up" "$@"

@@ -3,8 +3,9 @@
 #
 #   hack/test.sh
 #
-# Steps: toolchains, kube-apiserver and etcd binaries (hack/k8s-bins.sh: built from source on
-# the first run, 10-25 minutes on 2 cores, cached in ~/.cache/catalogsync afterwards),
+# Steps: toolchains, kube-apiserver, etcd and kube-controller-manager binaries
+# (hack/k8s-bins.sh: built from source on the first run, 15-30 minutes on 2 cores, cached in
+# ~/.cache/catalogsync afterwards),
 # kustomize (hack/kustomize.sh, same cache),
 # rustfmt, clippy, all unit and integration tests (the integration tests start their own
 # apiservers), rustdoc, and the fleet harness's smoke scenario. Every step runs even when an earlier one failed, so one run reports
@@ -75,10 +76,11 @@ cargo fmt --version >/dev/null 2>&1 || abort "rustfmt missing: rustup component 
 cargo clippy --version >/dev/null 2>&1 || abort "clippy missing: rustup component add clippy"
 printf '%s\n%s\n%s\n' "$(cargo --version)" "$(rustc --version)" "$(go version)"
 
-header "kube-apiserver and etcd (hack/k8s-bins.sh; first run builds them, 10-25 min on 2 cores)"
-bins="$(hack/k8s-bins.sh)" || abort "hack/k8s-bins.sh failed to provide kube-apiserver and etcd"
+header "kube-apiserver, etcd and kube-controller-manager (hack/k8s-bins.sh; first run builds them, 15-30 min on 2 cores)"
+bins="$(hack/k8s-bins.sh)" || abort "hack/k8s-bins.sh failed to provide kube-apiserver, etcd and kube-controller-manager"
 eval "$bins"
-printf 'TEST_ASSET_KUBE_APISERVER=%s\nTEST_ASSET_ETCD=%s\n' "$TEST_ASSET_KUBE_APISERVER" "$TEST_ASSET_ETCD"
+printf 'TEST_ASSET_KUBE_APISERVER=%s\nTEST_ASSET_ETCD=%s\nTEST_ASSET_KUBE_CONTROLLER_MANAGER=%s\n' \
+  "$TEST_ASSET_KUBE_APISERVER" "$TEST_ASSET_ETCD" "$TEST_ASSET_KUBE_CONTROLLER_MANAGER"
 
 header "kustomize (hack/kustomize.sh; first run builds it, about a minute)"
 kustomize="$(hack/kustomize.sh)" || abort "hack/kustomize.sh failed to provide kustomize (tests/deploy.rs renders deploy/ with it)"

@@ -237,6 +237,7 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
             }
         }),
         metrics: metrics.shard.clone(),
+        sync_metrics: metrics.sync.clone(),
         debug: debug_tx,
     };
     let agent_task = agent.run(lease_changed_rx.clone(), shutdown.clone()).instrument(info_span!("shards"));

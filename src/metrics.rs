@@ -258,6 +258,18 @@ impl SyncMetrics {
         })
     }
 
+    /// Creates the series of `shard` at zero (runs by result, duration, queue depth), so that
+    /// a shard's rates and latencies are scraped from the moment this replica takes it.
+    /// Error series (by condition reason) appear with the first error.
+    pub fn init_shard(&self, shard: u32) {
+        let shard = shard.to_string();
+        for result in known::RESULTS {
+            self.runs.with_label_values(&[shard.as_str(), result]);
+        }
+        self.duration.with_label_values(&[shard.as_str()]);
+        self.queue_depth.with_label_values(&[shard.as_str()]);
+    }
+
     /// Starts timing a sync of a Kyma in `shard`; the returned guard records the duration
     /// when dropped.
     pub fn measure(&self, shard: u32) -> SyncTimer {
@@ -358,20 +370,79 @@ impl CatalogMetrics {
     }
 }
 
+/// The values of the bounded labels that are known up front, by metric. [`Metrics::new`]
+/// creates these series at zero, so that they are scraped before their first event: an
+/// alert on `rate(…{result="error"}[5m])` then sees a 0, not an absent series, and every
+/// documented metric is in `/metrics` of a fresh replica. (Series labelled by shard are
+/// created when the shard is taken, see [`SyncMetrics::init_shard`].)
+mod known {
+    /// `catalogsync_sync_objects_total` `kind` (the two catalog kinds) and `op`.
+    pub const OBJECT_KINDS: &[&str] = &["ModuleTemplate", "ModuleReleaseMeta"];
+    pub const OBJECT_OPS: &[&str] = &["applied", "unchanged", "pruned"];
+    /// `catalogsync_kyma_condition_writes_total` `status`.
+    pub const CONDITION_STATUSES: &[&str] = &["True", "False"];
+    /// `catalogsync_kymas_skipped_total` `reason`.
+    pub const SKIP_REASONS: &[&str] = &["deleting", "skip_reconciliation"];
+    /// `catalogsync_skr_requests_total` `verb` and `result`.
+    pub const SKR_VERBS: &[&str] = &["get", "list", "apply", "replace", "delete"];
+    pub const SKR_RESULTS: &[&str] = &["success", "not_found", "error"];
+    /// `catalogsync_skr_client_evictions_total` `reason`.
+    pub const EVICTION_REASONS: &[&str] = &["secret_changed", "error", "released"];
+    /// `catalogsync_shard_handovers_total` `op`.
+    pub const HANDOVER_OPS: &[&str] = &["claimed", "resumed", "drained", "released", "dropped"];
+    /// `catalogsync_member_renewals_total` and `catalogsync_sync_runs_total` `result`.
+    pub const RESULTS: &[&str] = &["success", "error"];
+}
+
 impl Metrics {
-    /// Creates and registers all metrics in a fresh registry.
+    /// Creates and registers all metrics in a fresh registry, with the series of every
+    /// known label value at zero.
     ///
     /// # Errors
     /// Fails when a metric is registered twice, a bug.
     pub fn new() -> prometheus::Result<Self> {
         let registry = Registry::new();
-        Ok(Self {
+        let metrics = Self {
             sync: SyncMetrics::register(&registry)?,
             skr: SkrClientMetrics::register(&registry)?,
             catalog: CatalogMetrics::register(&registry)?,
             shard: ShardMetrics::register(&registry)?,
             registry,
-        })
+        };
+        metrics.init_known_series();
+        Ok(metrics)
+    }
+
+    fn init_known_series(&self) {
+        use known::*;
+        let Self { sync, skr, catalog, shard, .. } = self;
+        for kind in OBJECT_KINDS {
+            for op in OBJECT_OPS {
+                sync.objects.with_label_values(&[kind, op]);
+            }
+            catalog.objects.with_label_values(&[kind]);
+            catalog.malformed.with_label_values(&[kind]);
+        }
+        for status in CONDITION_STATUSES {
+            sync.condition_writes.with_label_values(&[status]);
+        }
+        for reason in SKIP_REASONS {
+            sync.skipped.with_label_values(&[reason]);
+        }
+        for verb in SKR_VERBS {
+            for result in SKR_RESULTS {
+                skr.requests.with_label_values(&[verb, result]);
+            }
+        }
+        for reason in EVICTION_REASONS {
+            skr.evictions.with_label_values(&[reason]);
+        }
+        for op in HANDOVER_OPS {
+            shard.handovers.with_label_values(&[op]);
+        }
+        for result in RESULTS {
+            shard.renewals.with_label_values(&[result]);
+        }
     }
 
     /// The registry, for scrape-time collectors registered by other components.

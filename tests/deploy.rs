@@ -14,7 +14,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -27,7 +26,10 @@ use kube::core::GroupVersionKind;
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use serde_json::Value;
 
-use common::{create_namespace, env, install_crds_yaml, parse_yaml_docs, repo_root, wait_until};
+use common::docs::{
+    documented_metrics, kind_of, kustomize_build as render, metric_names, monitoring_metrics, name_of, read, the,
+};
+use common::{create_namespace, env, install_crds_yaml, parse_yaml_docs, wait_until};
 
 /// Field manager of the dry-run applies.
 const FIELD_MANAGER: &str = "deploy-test";
@@ -35,51 +37,6 @@ const FIELD_MANAGER: &str = "deploy-test";
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(15);
 /// The kustomizations under `deploy/` that are installed on their own.
 const KUSTOMIZATIONS: &[&str] = &["deploy/crds", "deploy/base", "deploy/overlays/hpa", "deploy/monitoring"];
-
-fn repo_path(relative: &str) -> PathBuf {
-    repo_root().join(relative)
-}
-
-fn read(relative: &str) -> String {
-    std::fs::read_to_string(repo_path(relative)).unwrap_or_else(|e| panic!("failed to read {relative}: {e}"))
-}
-
-/// `$KUSTOMIZE build <dir>`, parsed.
-fn render(dir: &str) -> Vec<Value> {
-    let Some(kustomize) = std::env::var_os("KUSTOMIZE") else {
-        panic!("KUSTOMIZE is not set: run `eval \"$(hack/kustomize.sh)\"` first (hack/test.sh does)");
-    };
-    let out =
-        Command::new(&kustomize).arg("build").arg(repo_path(dir)).output().unwrap_or_else(|e| {
-            panic!("failed to run {} (KUSTOMIZE; see hack/kustomize.sh): {e}", kustomize.display())
-        });
-    assert!(
-        out.status.success(),
-        "kustomize build {dir} failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let yaml = String::from_utf8(out.stdout).expect("kustomize prints UTF-8");
-    let docs =
-        parse_yaml_docs(&yaml).unwrap_or_else(|e| panic!("output of kustomize build {dir} does not parse: {e:#}"));
-    assert!(!docs.is_empty(), "kustomize build {dir} rendered nothing");
-    docs
-}
-
-fn kind_of(doc: &Value) -> &str {
-    doc["kind"].as_str().unwrap_or_default()
-}
-
-fn name_of(doc: &Value) -> &str {
-    doc["metadata"]["name"].as_str().unwrap_or_default()
-}
-
-/// The one object of `kind` in `docs`.
-fn the<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-    let found: Vec<&Value> = docs.iter().filter(|d| kind_of(d) == kind).collect();
-    assert_eq!(found.len(), 1, "expected exactly one {kind}, found {}", found.len());
-    found[0]
-}
 
 /// Server-side applies every object with `dryRun=All`: the apiserver validates, defaults and
 /// admits each one (schema, RBAC escalation checks, namespace existence) and stores nothing.
@@ -277,44 +234,14 @@ fn hpa_overlay_leaves_the_replica_count_to_a_slow_scaling_hpa() {
     }
 }
 
-/// The `catalogsync_…` metric names in `text`, without the `_bucket`, `_sum` and `_count`
-/// suffixes of histogram series.
-fn metric_names(text: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let mut rest = text;
-    while let Some(at) = rest.find("catalogsync_") {
-        let tail = &rest[at..];
-        let len = tail.find(|c: char| !(c.is_ascii_lowercase() || c == '_')).unwrap_or(tail.len());
-        let name = &tail[..len];
-        let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
-        names.insert(base.to_owned());
-        rest = &tail[len..];
-    }
-    names
-}
-
 #[test]
 fn dashboard_and_alerts_use_only_documented_metrics() {
-    let doc = read("docs/metrics.md");
-    let dashboard = read("deploy/monitoring/dashboard.json");
-    serde_json::from_str::<Value>(&dashboard).expect("dashboard.json is JSON");
-    let rules = the(&render("deploy/monitoring"), "PrometheusRule").clone();
-    let exprs: Vec<String> = rules["spec"]["groups"]
-        .as_array()
-        .expect("rule groups")
-        .iter()
-        .flat_map(|g| g["rules"].as_array().expect("rules").iter())
-        .map(|r| r["expr"].as_str().expect("expr").to_owned())
-        .collect();
-    for (source, names) in
-        [("dashboard.json", metric_names(&dashboard)), ("PrometheusRule", metric_names(&exprs.join("\n")))]
-    {
+    // tests/deployment.rs checks the same names against a live scrape of running replicas.
+    let doc = documented_metrics();
+    for (source, names) in monitoring_metrics() {
         assert!(names.len() > 3, "{source}: found too few metric names: {names:?}");
         for name in names {
-            assert!(
-                doc.contains(&format!("`{name}`")),
-                "{source} uses {name}, which docs/metrics.md does not document"
-            );
+            assert!(doc.contains_key(&name), "{source} uses {name}, which docs/metrics.md does not document");
         }
     }
 }

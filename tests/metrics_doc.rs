@@ -16,58 +16,16 @@ use catalogsync::metrics::Metrics;
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::proto::MetricType;
 
-const DOC: &str = "docs/metrics.md";
-const PREFIX: &str = "catalogsync_";
+#[path = "common/docs.rs"]
+mod docs;
 
-/// One row of the doc's reference table.
-#[derive(Debug)]
-struct DocRow {
-    kind: String,
-    labels: BTreeSet<String>,
-}
+use docs::{METRIC_PREFIX as PREFIX, METRICS_DOC as DOC, documented_metrics as documented, label_names, repo_path};
 
 /// One metric family as registered.
 #[derive(Debug)]
 struct Registered {
     kind: &'static str,
     labels: BTreeSet<String>,
-}
-
-fn repo_path(relative: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)
-}
-
-/// The backticked words of a table cell that are followed by a colon: the label names of
-/// `` `kind`: `ModuleTemplate`, `ModuleReleaseMeta`<br>`op`: `applied` ``.
-fn label_names(cell: &str) -> BTreeSet<String> {
-    let parts: Vec<&str> = cell.split('`').collect();
-    parts
-        .iter()
-        .enumerate()
-        .skip(1)
-        .step_by(2)
-        .filter(|(i, _)| parts.get(i + 1).is_some_and(|after| after.starts_with(':')))
-        .map(|(_, name)| (*name).to_owned())
-        .collect()
-}
-
-/// The rows of the doc's table whose first column is a backticked metric name.
-fn documented() -> BTreeMap<String, DocRow> {
-    let text = std::fs::read_to_string(repo_path(DOC)).unwrap_or_else(|e| panic!("failed to read {DOC}: {e}"));
-    let mut rows = BTreeMap::new();
-    for line in text.lines() {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        // A table row is `| name | type | labels | meaning |`: empty text before the first bar.
-        let [before, name, kind, labels, ..] = cells[..] else { continue };
-        let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) else { continue };
-        if !before.is_empty() || !name.starts_with(PREFIX) {
-            continue;
-        }
-        let row = DocRow { kind: kind.to_owned(), labels: label_names(labels) };
-        assert!(rows.insert(name.to_owned(), row).is_none(), "{DOC} documents {name} twice");
-    }
-    assert!(!rows.is_empty(), "{DOC} has no table rows of the form | `{PREFIX}...` | type | labels | meaning |");
-    rows
 }
 
 /// Gives a labelled metric one label combination, so that the registry gathers it.

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::api::Kyma;
-use crate::metrics::ShardMetrics;
+use crate::metrics::{ShardMetrics, SyncMetrics};
 use crate::sharding::handover::{Action, Facts, Local, decide};
 use crate::sharding::lease::{self, handover_started, is_shard, shard_number, with_holder};
 use crate::sharding::{ShardView, Timing};
@@ -76,6 +76,8 @@ pub struct Agent {
     pub on_release: OnRelease,
     /// Metrics.
     pub metrics: ShardMetrics,
+    /// Sync metrics, whose series of a shard are created when the shard is taken.
+    pub sync_metrics: SyncMetrics,
     /// Published shard view.
     pub debug: watch::Sender<ShardsDebug>,
 }
@@ -213,6 +215,7 @@ impl Agent {
         local[shard as usize] = Local::Active;
         self.view.set_active(shard, true);
         self.metrics.handovers.with_label_values(&[op]).inc();
+        self.sync_metrics.init_shard(shard);
         let kymas = self.kymas_of(shard);
         info!(shard, clusters = kymas.len(), op, "Took over shard");
         // Sync every SKR of the shard now: a previous holder may have been interrupted.

@@ -228,8 +228,24 @@ impl ControlPlane {
         Ok(self.kubeconfig_yaml_for(user, &cert))
     }
 
+    /// A kubeconfig that authenticates as whoever bearer `token` names (a ServiceAccount
+    /// token from the TokenRequest API, as a kubelet hands one to a pod); the user entry is
+    /// named `user`.
+    pub fn kubeconfig_yaml_with_token(&self, user: &str, token: &str) -> String {
+        self.kubeconfig_yaml_with(user, &format!("    token: {}", quoted(token)))
+    }
+
     fn kubeconfig_yaml_for(&self, user: &str, cert: &CertKey) -> String {
-        let q = |s: &str| serde_json::Value::from(s).to_string();
+        let credentials = format!(
+            "    client-certificate-data: {}\n    client-key-data: {}",
+            base64(cert.cert_pem.as_bytes()),
+            base64(cert.key_pem.as_bytes())
+        );
+        self.kubeconfig_yaml_with(user, &credentials)
+    }
+
+    fn kubeconfig_yaml_with(&self, user: &str, credentials: &str) -> String {
+        let q = quoted;
         format!(
             "apiVersion: v1
 kind: Config
@@ -241,8 +257,7 @@ clusters:
 users:
 - name: {user}
   user:
-    client-certificate-data: {cert}
-    client-key-data: {key}
+{credentials}
 contexts:
 - name: {name}
   context:
@@ -254,8 +269,6 @@ current-context: {name}
             url = q(&self.url()),
             ca = base64(self.pki.ca_pem.as_bytes()),
             user = q(user),
-            cert = base64(cert.cert_pem.as_bytes()),
-            key = base64(cert.key_pem.as_bytes()),
         )
     }
 
@@ -338,4 +351,9 @@ pub async fn client_from_kubeconfig_yaml(yaml: &str) -> Result<Client> {
         .await
         .context("failed to load a kubeconfig")?;
     Client::try_from(config).context("failed to build a client")
+}
+
+/// `s` as a double-quoted YAML (JSON) string.
+fn quoted(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
 }

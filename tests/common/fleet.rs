@@ -96,9 +96,17 @@ impl Fleet {
     /// # Errors
     /// Fails when the scenario or a Kyma cannot be created, or `skrs` is empty.
     pub async fn new(prefix: &str, skrs: &[&ControlPlane], kymas: usize) -> Result<Self> {
+        Self::with_scenario(Scenario::new(prefix).await?, skrs, kymas).await
+    }
+
+    /// [`Fleet::new`] on a given scenario.
+    ///
+    /// # Errors
+    /// Fails when a Kyma cannot be created, or `skrs` is empty.
+    pub async fn with_scenario(scenario: Scenario, skrs: &[&ControlPlane], kymas: usize) -> Result<Self> {
         anyhow::ensure!(!skrs.is_empty(), "a fleet needs at least one SKR");
         let mut fleet = Self {
-            scenario: Scenario::new(prefix).await?,
+            scenario,
             kymas: Vec::new(),
             base_args: REPLICA_BASE_ARGS.iter().map(|s| (*s).to_owned()).collect(),
             skr_audit_logs: Vec::new(),
@@ -374,7 +382,15 @@ pub fn metric_sum(exposition: &str, name: &str, labels: &[&str]) -> f64 {
 /// # Errors
 /// Fails when the connection or request fails.
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    http_get_at(std::net::SocketAddr::from(([127, 0, 0, 1], port)), path).await
+}
+
+/// GETs `path` from `addr` with HTTP/1.1; returns status code and body.
+///
+/// # Errors
+/// Fails when the connection or request fails.
+pub async fn http_get_at(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).await?;
     let mut buf = Vec::new();
     stream.read_to_end(&mut buf).await?;

@@ -25,10 +25,13 @@
 
 pub mod apply;
 pub mod audit;
+pub mod controllers;
 pub mod controlplane;
+pub mod docs;
 pub mod etcd;
 pub mod fleet;
 pub mod invariants;
+pub mod kubelet;
 pub mod pki;
 pub mod process;
 pub mod proxy;

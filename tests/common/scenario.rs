@@ -114,6 +114,25 @@ impl Scenario {
         Ok(Self { sync_ns: format!("{ns}-sync"), ns, kcp, dir, catalogsync: None, http_port: free_port()? })
     }
 
+    /// A scenario in KCP namespace `ns` (created if missing) syncing into `sync_ns`, with no
+    /// RBAC of its own: for tests that install `deploy/` as it is, whose Role names its
+    /// namespace (`kcp-system`) and whose controller syncs into its default namespace.
+    pub async fn in_namespace(ns: &str, sync_ns: &str) -> Result<Self> {
+        let env = env();
+        install_catalogsync_crds(&env.kcp).await?;
+        let kcp = env.kcp.admin_client();
+        create_namespace(&kcp, ns).await?;
+        let dir = TestDir::new(ns, Some(env.dir()))?;
+        Ok(Self {
+            ns: ns.to_owned(),
+            sync_ns: sync_ns.to_owned(),
+            kcp,
+            dir,
+            catalogsync: None,
+            http_port: free_port()?,
+        })
+    }
+
     /// The user name a Kyma's access Secret authenticates as in its SKR.
     pub fn skr_user(&self, kyma: &str) -> String {
         format!("skr-writer-{}-{kyma}", self.ns)

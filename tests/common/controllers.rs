@@ -1,0 +1,64 @@
+//! kube-controller-manager as a child process, for the tests that run the Deployment and the
+//! HorizontalPodAutoscaler of `deploy/` for real: its Deployment, ReplicaSet, HPA and
+//! disruption (PodDisruptionBudget) controllers act on them exactly as in a cluster. Pods
+//! then need a node to run on: see [`super::kubelet::NodeAgent`].
+
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::controlplane::ControlPlane;
+use super::process::{ManagedProcess, TestDir, k8s_binary};
+
+/// The controllers the deployment tests need (the 1.35 names).
+pub const CONTROLLERS: &[&str] = &[
+    "deployment-controller",
+    "replicaset-controller",
+    "horizontal-pod-autoscaler-controller",
+    "disruption-controller",
+];
+
+/// How often the HPA controller re-evaluates each HPA. The default is 15 s; the tests change
+/// an HPA's bounds and wait for the replica count to follow.
+pub const HPA_SYNC_PERIOD: Duration = Duration::from_secs(1);
+
+/// A running kube-controller-manager. Killed on drop.
+pub struct ControllerManager {
+    process: ManagedProcess,
+    _dir: TestDir,
+}
+
+impl ControllerManager {
+    /// Starts kube-controller-manager (`$TEST_ASSET_KUBE_CONTROLLER_MANAGER`, or
+    /// `$KUBEBUILDER_ASSETS/kube-controller-manager`; `hack/k8s-bins.sh` builds it) against
+    /// `cp` as admin, running [`CONTROLLERS`], without leader election and without a serving
+    /// port of its own.
+    ///
+    /// # Errors
+    /// Fails when the binary is missing or cannot be spawned.
+    pub fn start(cp: &ControlPlane) -> Result<Self> {
+        let bin = k8s_binary("TEST_ASSET_KUBE_CONTROLLER_MANAGER", "kube-controller-manager")?;
+        let dir = TestDir::new("kube-controller-manager", Some(cp.dir()))?;
+        let mut cmd = Command::new(bin);
+        cmd.arg(format!("--kubeconfig={}", cp.admin_kubeconfig_path().display()))
+            .arg(format!("--controllers={}", CONTROLLERS.join(",")))
+            .arg("--leader-elect=false")
+            .arg("--secure-port=0")
+            .arg(format!("--horizontal-pod-autoscaler-sync-period={}s", HPA_SYNC_PERIOD.as_secs()))
+            .arg("--v=2");
+        let log = dir.path().join("kube-controller-manager.log");
+        let process = ManagedProcess::spawn("kube-controller-manager", cmd, &log)?;
+        Ok(Self { process, _dir: dir })
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process.log_tail(lines)
+    }
+
+    /// Whether it still runs.
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+}

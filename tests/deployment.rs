@@ -1,0 +1,321 @@
+//! `deploy/` running for real: the rendered `deploy/overlays/hpa` (ServiceAccount, RBAC,
+//! Deployment, PodDisruptionBudget, Service, HPA) is applied to the test KCP as it is, and
+//! kube-controller-manager's Deployment, ReplicaSet, HPA and disruption controllers act on it
+//! while a node agent (`common::kubelet`) runs the pods they create as catalogsync processes,
+//! with the pods' own environment, ServiceAccount token, probes and grace period.
+//!
+//! One test walks the life of an installation: the HPA scales the Deployment from its
+//! default of one replica to `minReplicas`, the replicas share the SKRs, every metric that
+//! `docs/metrics.md`, the dashboard and the alerts name is served by the running replicas,
+//! the HPA scales out and in, a rolling update replaces every pod, the PodDisruptionBudget
+//! refuses a second eviction, and through all of it every catalog change reaches every SKR and
+//! no SKR ever has two writers (audit logs).
+#![allow(clippy::panic)] // Test helpers report failures by panicking.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use catalogsync::sharding::ring::shard_of;
+use catalogsync::sharding::table::{self, Table};
+use common::controllers::ControllerManager;
+use common::docs::{documented_metrics, exposed_metrics, kind_of, kustomize_build, monitoring_metrics, name_of, the};
+use common::fleet::Fleet;
+use common::invariants::{InvariantOptions, check_invariants};
+use common::kubelet::NodeAgent;
+use common::scenario::{MT, Scenario, mrm, mt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+/// The KCP namespace `deploy/rbac/role.yaml` grants access to (the controller's default).
+const KCP_NAMESPACE: &str = "kcp-system";
+/// catalogsync's own namespace in `deploy/`.
+const NAMESPACE: &str = "catalogsync-system";
+/// The controller's default SKR namespace.
+const SYNC_NAMESPACE: &str = "kyma-system";
+/// The controller's default shard count (the Deployment sets none).
+const SHARDS: u32 = 64;
+const KYMAS: usize = 16;
+/// Pods becoming ready or going away: the readiness probe runs every 5 s (the Deployment's
+/// own setting), a graceful exit takes a few seconds.
+const ROLLOUT: Duration = Duration::from_secs(120);
+const PROMPT: Duration = Duration::from_secs(60);
+
+struct Install {
+    fleet: Fleet,
+    agent: NodeAgent,
+    kcm: ControllerManager,
+}
+
+impl Install {
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.fleet.scenario.kcp.clone(), NAMESPACE)
+    }
+
+    fn hpa(&self) -> Api<HorizontalPodAutoscaler> {
+        Api::namespaced(self.fleet.scenario.kcp.clone(), NAMESPACE)
+    }
+
+    /// Waits until exactly `n` pods exist, none of them deleting, all run by the agent and
+    /// ready, and the Deployment counts them as ready; returns their names.
+    async fn await_ready_pods(&mut self, n: usize, excluding: &BTreeSet<String>) -> BTreeSet<String> {
+        let kcp = self.fleet.scenario.kcp.clone();
+        let what = format!("{n} ready catalogsync pods (not {excluding:?})");
+        let pods = self.pods();
+        let agent = &self.agent;
+        let found = common::wait_until(ROLLOUT, &what, || async {
+            let list = pods.list(&ListParams::default()).await.ok()?.items;
+            let names: BTreeSet<String> = list.iter().filter_map(|p| p.metadata.name.clone()).collect();
+            let deleting = list.iter().any(|p| p.metadata.deletion_timestamp.is_some());
+            let ready: BTreeSet<String> = agent.ready_pods().into_iter().collect();
+            let deployment = Api::<Deployment>::namespaced(kcp.clone(), NAMESPACE).get("catalogsync").await.ok()?;
+            let status = deployment.status.unwrap_or_default();
+            let ok = names.len() == n
+                && !deleting
+                && names.is_subset(&ready)
+                && names.is_disjoint(excluding)
+                && status.ready_replicas == Some(i32::try_from(n).ok()?)
+                && status.replicas == Some(i32::try_from(n).ok()?);
+            ok.then_some(names)
+        })
+        .await;
+        match found {
+            Ok(names) => names,
+            Err(e) => {
+                self.kcm.is_running();
+                panic!("{e}\nkube-controller-manager log:\n{}\nagent: {:#?}", self.kcm.log_tail(30), self.agent.runs())
+            }
+        }
+    }
+
+    /// Waits until every shard is held, as desired, by one of `pods`, which are the live
+    /// members, within the cap.
+    async fn await_converged(&self, pods: &BTreeSet<String>) -> Table {
+        let kcp = &self.fleet.scenario.kcp;
+        let cap = SHARDS.div_ceil(u32::try_from(pods.len()).expect("few pods")) as usize;
+        common::await_condition(PROMPT, &format!("all {SHARDS} shards held by {pods:?}"), || async {
+            let t = table::read(kcp, NAMESPACE, KCP_NAMESPACE).await.ok()?;
+            let ok = t.rows.len() == SHARDS as usize
+                && t.rows.iter().all(|r| r.state == "held" && pods.contains(&r.holder))
+                && pods.iter().all(|m| t.rows.iter().filter(|r| &r.holder == m).count() <= cap)
+                && t.members.iter().cloned().collect::<BTreeSet<_>>() == *pods;
+            ok.then_some(t)
+        })
+        .await
+    }
+
+    /// Writes a catalog change (a new version on a new channel) and waits until both SKRs
+    /// hold it.
+    async fn release(&self, version: &str) {
+        let s = &self.fleet.scenario;
+        s.apply_catalog(&[mt("keda", version), mrm("keda", &[("regular", "1.0.0"), ("fast", version)])])
+            .await
+            .expect("catalog change");
+        self.await_everywhere(&format!("keda-{version}")).await;
+    }
+
+    async fn await_everywhere(&self, name: &str) {
+        let env = common::env();
+        for skr in [&env.skr_a, &env.skr_b] {
+            common::await_condition(PROMPT, &format!("{name} in {}", skr.name()), || async {
+                self.fleet.scenario.skr_names(skr, MT).await.contains(name)
+            })
+            .await;
+        }
+    }
+
+    async fn set_hpa_bounds(&self, min: i32, max: i32) {
+        let patch = json!({"spec": {"minReplicas": min, "maxReplicas": max}});
+        self.hpa().patch("catalogsync", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch the HPA");
+    }
+
+    async fn metric(&self, pod: &str, name: &str, labels: &[&str]) -> f64 {
+        match self.agent.http_get(pod, "/metrics").await {
+            Ok((200, body)) => common::fleet::metric_sum(&body, name, labels),
+            _ => 0.0,
+        }
+    }
+
+    /// Asserts that pod `name` was deleted and its container exited successfully, by itself,
+    /// within the grace period.
+    fn assert_terminated_gracefully(&self, name: &str) {
+        let run = self.agent.run(name).unwrap_or_else(|| panic!("the agent never ran {name}"));
+        let (in_time, took) = run.terminated.unwrap_or_else(|| panic!("{name} was not terminated: {run:?}"));
+        assert!(in_time, "{name} was SIGKILLed after its grace period ({took:?})");
+        let exit = run.exit.expect("an exit status");
+        assert!(exit.success(), "{name} exited with {exit} after SIGTERM; log {}", run.log.display());
+        eprintln!("{name}: exited 0 {:.1}s after SIGTERM", took.as_secs_f64());
+    }
+}
+
+/// Installs `deploy/crds` and `deploy/overlays/hpa`, starts kube-controller-manager and the
+/// node agent, and creates the Kymas and a catalog.
+async fn install() -> Install {
+    let env = common::env();
+    let kcp = env.kcp.admin_client();
+    let scenario = Scenario::in_namespace(KCP_NAMESPACE, SYNC_NAMESPACE).await.expect("scenario");
+    let objects = kustomize_build("deploy/overlays/hpa");
+    let kinds: BTreeSet<&str> = objects.iter().map(kind_of).collect();
+    for kind in
+        ["ServiceAccount", "Role", "ClusterRole", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget"]
+    {
+        assert!(kinds.contains(kind), "deploy/overlays/hpa renders no {kind}: {kinds:?}");
+    }
+    assert!(
+        the(&objects, "Deployment")["spec"].get("replicas").is_none(),
+        "the HPA overlay leaves the replica count to the HPA"
+    );
+    common::create_namespace(&kcp, NAMESPACE).await.expect("namespace");
+    let names: Vec<String> = objects.iter().map(|o| format!("{} {}", kind_of(o), name_of(o))).collect();
+    common::apply_docs(&kcp, objects).await.expect("apply deploy/overlays/hpa");
+    eprintln!("applied deploy/overlays/hpa: {names:?}");
+
+    let dir = scenario.dir.path().to_path_buf();
+    let fleet = Fleet::with_scenario(scenario, &[&env.skr_a, &env.skr_b], KYMAS).await.expect("kymas");
+    // One Kyma whose Secret is missing: its failing syncs give the error metrics a series.
+    fleet.scenario.add_kyma_without_secret("kyma-lost", &[]).await.expect("kyma without secret");
+    fleet.scenario.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
+
+    let kcm = ControllerManager::start(&env.kcp).expect("start kube-controller-manager");
+    let agent = NodeAgent::start(&env.kcp, NAMESPACE, &dir).await.expect("start the node agent");
+    Install { fleet, agent, kcm }
+}
+
+/// Every metric `docs/metrics.md` documents is served by the running replicas (the union of
+/// their scrapes: the coordinator-only ones come from the coordinator) with the documented
+/// labels, nothing undocumented is served, and the dashboard and the alerts use only served
+/// metrics.
+async fn assert_live_metrics_match_the_docs(install: &Install, pods: &BTreeSet<String>) {
+    let mut served: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for pod in pods {
+        let (code, body) = install.agent.http_get(pod, "/metrics").await.expect("scrape");
+        assert_eq!(code, 200, "/metrics of {pod}");
+        for (name, labels) in exposed_metrics(&body) {
+            served.entry(name).or_default().extend(labels);
+        }
+    }
+    let served: BTreeMap<String, BTreeSet<String>> =
+        served.into_iter().filter(|(name, _)| name.starts_with(common::docs::METRIC_PREFIX)).collect();
+    let documented = documented_metrics();
+    let mut problems = Vec::new();
+    for (name, row) in &documented {
+        match served.get(name) {
+            None => problems.push(format!("{name} is documented but no replica serves it")),
+            Some(labels) if labels != &row.labels => {
+                problems.push(format!("{name} is served with labels {labels:?}, documented with {:?}", row.labels));
+            }
+            Some(_) => {}
+        }
+    }
+    for name in served.keys() {
+        if !documented.contains_key(name) {
+            problems.push(format!("{name} is served but not documented in docs/metrics.md"));
+        }
+    }
+    for (source, names) in monitoring_metrics() {
+        for name in names {
+            if !served.contains_key(&name) {
+                problems.push(format!("{source} uses {name}, which no replica serves"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "live /metrics and the docs disagree:\n  {}", problems.join("\n  "));
+    eprintln!("live /metrics of {} replicas: all {} documented metrics served", pods.len(), documented.len());
+}
+
+#[tokio::test]
+async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer() {
+    let mut install = install().await;
+    let none = BTreeSet::new();
+
+    // The Deployment has no replica count; the HPA raises the default 1 to minReplicas 3.
+    let three = install.await_ready_pods(3, &none).await;
+    let hpa = install.hpa().get("catalogsync").await.expect("hpa");
+    assert_eq!(hpa.status.and_then(|s| s.current_replicas), Some(3), "the HPA saw its 3 replicas");
+    let t = install.await_converged(&three).await;
+    eprintln!("{}", table::render(&t));
+    for k in &install.fleet.kymas {
+        install.fleet.scenario.await_condition(&k.name, "True", "CatalogSynced", PROMPT).await;
+    }
+    install.fleet.scenario.await_condition("kyma-lost", "False", "AccessSecretMissing", PROMPT).await;
+    // The replicas report the pod names the downward API gave them.
+    for pod in &three {
+        let (code, body) = install.agent.http_get(pod, "/debug/shards").await.expect("/debug/shards");
+        assert_eq!(code, 200);
+        assert!(body.contains(pod.as_str()), "/debug/shards of {pod} does not name it: {body}");
+    }
+    assert_live_metrics_match_the_docs(&install, &three).await;
+
+    // Scale out through the HPA.
+    install.set_hpa_bounds(4, 10).await;
+    let four = install.await_ready_pods(4, &none).await;
+    let added: Vec<&String> = four.difference(&three).collect();
+    assert_eq!(added.len(), 1, "one pod added: {four:?}");
+    install.await_converged(&four).await;
+    let claimed = install.metric(added[0], "catalogsync_shard_handovers_total", &["op=\"claimed\""]).await;
+    assert!(claimed >= 1.0, "{} claimed no shard", added[0]);
+    install.release("1.1.0").await;
+
+    // Scale in through the HPA: the ReplicaSet deletes a pod, which hands its shards over.
+    install.set_hpa_bounds(3, 3).await;
+    let after = install.await_ready_pods(3, &none).await;
+    let removed: Vec<&String> = four.difference(&after).collect();
+    assert_eq!(removed.len(), 1, "one pod removed: {after:?}");
+    install.assert_terminated_gracefully(removed[0]);
+    install.await_converged(&after).await;
+    install.release("1.2.0").await;
+
+    // A rolling update (what `kubectl rollout restart` does): maxSurge 1, maxUnavailable 0,
+    // gated by the readiness probe. A release during it reaches every SKR.
+    let patch =
+        json!({"spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": "test"}}}}});
+    Api::<Deployment>::namespaced(install.fleet.scenario.kcp.clone(), NAMESPACE)
+        .patch("catalogsync", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("restart the rollout");
+    install.release("1.3.0").await;
+    let rolled = install.await_ready_pods(3, &after).await;
+    for old in &after {
+        install.assert_terminated_gracefully(old);
+    }
+    install.await_converged(&rolled).await;
+    install.release("1.4.0").await;
+
+    // The PodDisruptionBudget (maxUnavailable 1) allows one eviction at a time.
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(install.fleet.scenario.kcp.clone(), NAMESPACE);
+    common::await_condition(PROMPT, "the PDB to allow one disruption of 3 healthy pods", || async {
+        let status = pdbs.get("catalogsync").await.ok()?.status?;
+        (status.current_healthy == 3 && status.disruptions_allowed == 1).then_some(())
+    })
+    .await;
+    let mut victims = rolled.iter();
+    let (first, second) = (victims.next().expect("a pod"), victims.next().expect("a second pod"));
+    // A client that does not retry 429 (kube's default client does, until the budget allows).
+    let mut config = common::env().kcp.admin_config();
+    config.default_retry = false;
+    let pods: Api<Pod> = Api::namespaced(kube::Client::try_from(config).expect("client"), NAMESPACE);
+    pods.evict(first, &EvictParams::default()).await.expect("the first eviction is allowed");
+    match pods.evict(second, &EvictParams::default()).await {
+        Err(kube::Error::Api(status)) if status.code == 429 => {}
+        other => panic!("a second eviction at once must be refused with 429 (PDB), got {other:?}"),
+    }
+    let healed = install.await_ready_pods(3, &BTreeSet::from([first.clone()])).await;
+    install.assert_terminated_gracefully(first);
+    install.await_converged(&healed).await;
+    install.release("1.5.0").await;
+
+    // Through all of it: each SKR identity was written by one replica at a time, the holder
+    // of its shard.
+    let options =
+        InvariantOptions { lease_namespace: Some(NAMESPACE.to_owned()), member_liveness: true, ..Default::default() };
+    let report = check_invariants(&install.fleet.invariant_input(|ns, name| shard_of(ns, name, SHARDS), options))
+        .expect("invariants");
+    eprintln!("{report}");
+    report.assert_no_double_writer();
+    install.agent.stop().await;
+}
