@@ -87,8 +87,12 @@ impl Install {
         match found {
             Ok(names) => names,
             Err(e) => {
-                self.kcm.is_running();
-                panic!("{e}\nkube-controller-manager log:\n{}\nagent: {:#?}", self.kcm.log_tail(30), self.agent.runs())
+                let kcm = if self.kcm.is_running() { "running" } else { "exited" };
+                panic!(
+                    "{e}\nkube-controller-manager ({kcm}), last lines of its log:\n{}\nnode agent: {:#?}",
+                    self.kcm.log_tail(30),
+                    self.agent.runs()
+                )
             }
         }
     }
@@ -235,8 +239,11 @@ async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer(
 
     // The Deployment has no replica count; the HPA raises the default 1 to minReplicas 3.
     let three = install.await_ready_pods(3, &none).await;
-    let hpa = install.hpa().get("catalogsync").await.expect("hpa");
-    assert_eq!(hpa.status.and_then(|s| s.current_replicas), Some(3), "the HPA saw its 3 replicas");
+    let hpas = install.hpa();
+    common::await_condition(PROMPT, "the HPA to report 3 current replicas", || async {
+        hpas.get("catalogsync").await.ok()?.status?.current_replicas.filter(|&n| n == 3)
+    })
+    .await;
     let t = install.await_converged(&three).await;
     eprintln!("{}", table::render(&t));
     for k in &install.fleet.kymas {
@@ -317,5 +324,10 @@ async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer(
         .expect("invariants");
     eprintln!("{report}");
     report.assert_no_double_writer();
+    // And no container crashed (the agent restarts a container that exits on its own).
+    let runs = install.agent.runs();
+    let restarted: Vec<_> = runs.values().filter(|r| r.restarts > 0).map(|r| (&r.name, r.restarts, &r.log)).collect();
+    assert!(restarted.is_empty(), "containers restarted: {restarted:?}");
+    eprintln!("{} pods run, none restarted", runs.len());
     install.agent.stop().await;
 }
