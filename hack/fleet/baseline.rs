@@ -839,7 +839,7 @@ async fn sync_kind(
     let applies = desired.values().map(|object| {
         let (api, params) = (&api, &params);
         ctx.call(skr, kind, Op::Apply, async move {
-            api.patch(&object.name, params, &Patch::Apply(&*object.payload)).await.map(drop)
+            api.patch(&object.name, params, &Patch::Apply(object.body.json())).await.map(drop)
         })
     });
     let failed: Vec<RequestError> = future::join_all(applies).await.into_iter().filter_map(Result::err).collect();

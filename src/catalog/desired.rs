@@ -15,6 +15,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
+use crate::catalog::render::CopyDigest;
 use crate::catalog::selector;
 use crate::catalog::{CatalogKind, CopyBody, Snapshot, serialize_copy};
 
@@ -23,12 +24,23 @@ use crate::catalog::{CatalogKind, CopyBody, Snapshot, serialize_copy};
 pub struct DesiredObject {
     /// Object name in the SKR sync namespace.
     pub name: String,
-    /// The copy as a JSON value (to compare with what an SKR holds).
-    pub payload: Arc<Value>,
-    /// `payload` serialized: the apply body.
+    /// What decides whether an SKR object holds the copy (shared with the snapshot).
+    pub digest: Arc<CopyDigest>,
+    /// The copy, serialized: the apply body.
     pub body: CopyBody,
-    /// [`content_hash`](crate::catalog::content_hash) of `payload`.
+    /// [`content_hash`](crate::catalog::content_hash) of the copy.
     pub hash: u64,
+}
+
+impl DesiredObject {
+    /// The copy as a JSON value, parsed from [`DesiredObject::body`]: for the rare replace
+    /// of a copy whose foreign fields survived an apply, and for tests.
+    ///
+    /// # Errors
+    /// None in practice: the body was serialized from a JSON value.
+    pub fn value(&self) -> serde_json::Result<Value> {
+        serde_json::from_str(self.body.json().get())
+    }
 }
 
 /// Everything one SKR should hold, by kind and name.
@@ -154,7 +166,7 @@ pub fn desired_set(
         let object = if survivors.len() == mrm.channels.len() {
             DesiredObject {
                 name: mrm.name.clone(),
-                payload: Arc::clone(&mrm.payload),
+                digest: Arc::clone(&mrm.digest),
                 body: mrm.body.clone(),
                 hash: mrm.hash,
             }
@@ -164,7 +176,7 @@ pub fn desired_set(
                 spec.insert("channels".into(), serde_json::to_value(&survivors).unwrap_or_default());
             }
             let (body, hash) = serialize_copy(&copy);
-            DesiredObject { name: mrm.name.clone(), payload: Arc::new(copy), body, hash }
+            DesiredObject { name: mrm.name.clone(), digest: Arc::new(CopyDigest::of(&copy)), body, hash }
         };
         out.release_metas.insert(mrm.name.clone(), object);
     }
@@ -178,7 +190,7 @@ pub fn desired_set(
                 mt.name.clone(),
                 DesiredObject {
                     name: mt.name.clone(),
-                    payload: Arc::clone(&mt.payload),
+                    digest: Arc::clone(&mt.digest),
                     body: mt.body.clone(),
                     hash: mt.hash,
                 },

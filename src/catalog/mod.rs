@@ -69,6 +69,11 @@ impl CopyBody {
     pub fn json(&self) -> &serde_json::value::RawValue {
         &self.0
     }
+
+    /// Whether both are the same serialization (shared, not only equal).
+    pub fn is_shared_with(&self, other: &CopyBody) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl PartialEq for CopyBody {

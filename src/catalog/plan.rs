@@ -150,7 +150,7 @@ pub fn plan(desired: &BTreeMap<String, DesiredObject>, observed: &[Observed], me
             continue;
         };
         let remembered = memory.matches(name, &have.resource_version, want.hash);
-        let verified = have.content.as_ref().is_some_and(|digest| digest.matches(&want.payload));
+        let verified = have.content.as_ref().is_some_and(|digest| digest.holds(&want.digest));
         if remembered || verified {
             out.unchanged.push((name.clone(), have.resource_version.clone(), want.hash));
         } else {

@@ -66,10 +66,12 @@ fn carries(desired: &Value, field: &str, have: Option<&Map<String, Value>>) -> b
     want.into_iter().flatten().all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
 }
 
-/// What a cold sync keeps of a copy listed in full: the content hash of its `spec` and its
-/// labels and annotations. Enough for [`CopyDigest::matches`], which gives the verdict of
-/// [`copy_matches`], at a small fraction of the memory of the object (a ModuleTemplate's
-/// `spec` carries a descriptor of about 30 KB).
+/// What decides whether one copy holds another: the content hash of its `spec` and its
+/// labels and annotations. A cold sync keeps this of each copy it lists in full, and the
+/// snapshot keeps it of each desired copy (beside its serialized body), so that
+/// [`CopyDigest::holds`] gives the verdict of [`copy_matches`] at a small fraction of the
+/// memory of the objects (a ModuleTemplate's `spec` carries a descriptor of about 30 KB) and
+/// without hashing a desired `spec` per SKR.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CopyDigest {
     spec_hash: Option<u64>,
@@ -78,7 +80,7 @@ pub struct CopyDigest {
 }
 
 impl CopyDigest {
-    /// The digest of an observed SKR object.
+    /// The digest of a copy: an observed SKR object, or a rendered copy to compare with one.
     pub fn of(observed: &Value) -> Self {
         let map = |field: &str| {
             observed.pointer(&format!("/metadata/{field}")).and_then(Value::as_object).cloned().unwrap_or_default()
@@ -90,13 +92,15 @@ impl CopyDigest {
         }
     }
 
-    /// Whether the object already holds `desired`; the same verdict as
-    /// `copy_matches(desired, observed)`.
-    pub fn matches(&self, desired: &Value) -> bool {
-        if desired.get("spec").map(crate::catalog::content_hash) != self.spec_hash {
-            return false;
-        }
-        carries(desired, "labels", Some(&self.labels)) && carries(desired, "annotations", Some(&self.annotations))
+    /// Whether the object this is the digest of already holds the copy `desired` is the
+    /// digest of: the same verdict as `copy_matches(desired, observed)` on the two objects
+    /// (equal `spec`, and every desired label and annotation present with its value).
+    pub fn holds(&self, desired: &CopyDigest) -> bool {
+        let subset =
+            |want: &Map<String, Value>, have: &Map<String, Value>| want.iter().all(|(k, v)| have.get(k) == Some(v));
+        self.spec_hash == desired.spec_hash
+            && subset(&desired.labels, &self.labels)
+            && subset(&desired.annotations, &self.annotations)
     }
 }
 
@@ -202,7 +206,7 @@ mod tests {
             let mut observed = desired.clone();
             edit(&mut observed);
             assert_eq!(
-                CopyDigest::of(&observed).matches(&desired),
+                CopyDigest::of(&observed).holds(&CopyDigest::of(&desired)),
                 copy_matches(&desired, &observed),
                 "digest and copy_matches disagree on: {what}"
             );

@@ -9,7 +9,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
-use crate::catalog::{CatalogKind, CopyBody, render::render_copy, serialize_copy};
+use crate::catalog::render::{CopyDigest, render_copy};
+use crate::catalog::{CatalogKind, CopyBody, serialize_copy};
 
 /// A ModuleTemplate, reduced to what the filter needs, plus its rendered SKR copy.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,11 +27,13 @@ pub struct MtView {
     pub internal: bool,
     /// `spec.mandatory`.
     pub mandatory: bool,
-    /// The SKR copy.
-    pub payload: Arc<Value>,
-    /// `payload` serialized: the apply body.
+    /// What decides whether an SKR object holds the copy. The copy itself is kept only
+    /// serialized (`body`): as a `serde_json` value, a ~30 KB descriptor takes several times
+    /// its size, in every replica.
+    pub digest: Arc<CopyDigest>,
+    /// The SKR copy, serialized: the apply body.
     pub body: CopyBody,
-    /// [`content_hash`](crate::catalog::content_hash) of `payload`.
+    /// [`content_hash`](crate::catalog::content_hash) of the copy.
     pub hash: u64,
 }
 
@@ -55,8 +58,10 @@ pub struct MrmView {
     pub mandatory: bool,
     /// `spec.kymaSelector`, or the reason it does not parse.
     pub kyma_selector: Option<Result<LabelSelector, String>>,
-    /// The SKR copy with every channel.
+    /// The SKR copy with every channel (small: the desired set cuts channels out of it).
     pub payload: Arc<Value>,
+    /// What decides whether an SKR object holds the copy with every channel.
+    pub digest: Arc<CopyDigest>,
     /// `payload` serialized: the apply body when a Kyma may see every channel.
     pub body: CopyBody,
     /// [`content_hash`](crate::catalog::content_hash) of `payload`.
@@ -167,7 +172,7 @@ impl MtView {
             beta: is_flag_on(labels.and_then(|l| l.get(BETA_LABEL))),
             internal: is_flag_on(labels.and_then(|l| l.get(INTERNAL_LABEL))),
             mandatory: spec.mandatory.unwrap_or(false),
-            payload: Arc::new(payload),
+            digest: Arc::new(CopyDigest::of(&payload)),
             body,
             hash,
         })
@@ -196,6 +201,7 @@ impl MrmView {
             channels: spec.channels.unwrap_or_default(),
             mandatory: spec.mandatory.is_some_and(|m| !m.is_null()),
             kyma_selector,
+            digest: Arc::new(CopyDigest::of(&payload)),
             payload: Arc::new(payload),
             body,
             hash,

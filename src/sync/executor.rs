@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
-use crate::catalog::render::{CopyDigest, copy_matches, is_subset};
+use crate::catalog::render::{CopyDigest, is_subset};
 use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Plan, plan};
 use crate::error::{Error, Result};
 use crate::metrics::SkrClientMetrics;
@@ -270,14 +270,14 @@ impl SkrTarget<'_> {
         self.metrics.record("get", &res);
         let current = res.map_err(wrap)?;
         let observed = serde_json::to_value(&current).unwrap_or_default();
-        if copy_matches(&obj.payload, &observed) {
+        if CopyDigest::of(&observed).holds(&obj.digest) {
             return Ok(current.resource_version().unwrap_or_default());
         }
         self.check_ownership()?;
-        let mut body = (*obj.payload).clone();
+        let mut body = obj.value().map_err(|e| wrap(kube::Error::SerdeError(e)))?;
         for field in ["labels", "annotations"] {
             let mut merged = observed["metadata"][field].as_object().cloned().unwrap_or_default();
-            if let Some(want) = obj.payload["metadata"][field].as_object() {
+            if let Some(want) = body["metadata"][field].as_object() {
                 merged.extend(want.clone());
             }
             body["metadata"][field] = Value::Object(merged);

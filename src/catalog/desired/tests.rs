@@ -24,7 +24,8 @@ fn names(objects: &BTreeMap<String, DesiredObject>) -> Vec<&str> {
 fn channels_of(set: &DesiredSet, mrm: &str) -> Vec<(String, String)> {
     let obj = set.release_metas.get(mrm).expect("the release meta is desired");
     let channels: Vec<ChannelVersion> =
-        serde_json::from_value(obj.payload["spec"]["channels"].clone()).expect("channels parse");
+        serde_json::from_value(obj.value().expect("the body is JSON")["spec"]["channels"].clone())
+            .expect("channels parse");
     channels.into_iter().map(|c| (c.channel, c.version)).collect()
 }
 
@@ -188,10 +189,12 @@ fn pruned_mrm_differs_from_the_kcp_copy_only_in_its_channels() {
     let mut expected = (*snap.release_metas["keda"].payload).clone();
     expected["spec"]["channels"] = json!([{"channel": "regular", "version": "1.0.0"}]);
     let got = &set.release_metas["keda"];
-    assert_eq!(*got.payload, expected);
-    assert_eq!(got.payload["spec"]["futureField"], json!({"nested": [1, 2, {"x": "y"}]}));
-    assert_eq!(got.payload["futureTopLevel"], json!({"a": 1}));
-    assert_eq!(got.hash, content_hash(&got.payload));
+    let value = got.value().expect("the body is JSON");
+    assert_eq!(value, expected);
+    assert_eq!(value["spec"]["futureField"], json!({"nested": [1, 2, {"x": "y"}]}));
+    assert_eq!(value["futureTopLevel"], json!({"a": 1}));
+    assert_eq!(got.hash, content_hash(&value));
+    assert_eq!(*got.digest, CopyDigest::of(&value));
     assert_ne!(got.hash, content_hash(&snap.release_metas["keda"].payload));
 }
 
@@ -201,8 +204,9 @@ fn unpruned_mrm_is_the_kcp_copy_as_is() {
     let snap = snapshot(&mts, &mrms);
     let (set, _) = desired_set(&snap, &kyma_flags(true, true), &no_restrictions());
     let got = &set.release_metas["keda"];
-    assert!(Arc::ptr_eq(&got.payload, &snap.release_metas["keda"].payload));
-    assert_eq!(got.hash, content_hash(&got.payload));
+    let kcp = &snap.release_metas["keda"];
+    assert!(got.body.is_shared_with(&kcp.body) && Arc::ptr_eq(&got.digest, &kcp.digest));
+    assert_eq!(got.hash, content_hash(&kcp.payload));
 }
 
 #[test]
@@ -212,7 +216,8 @@ fn desired_templates_share_the_snapshot_payload_and_hash() {
     let (set, _) = desired_set(&snap, &kyma_flags(true, true), &no_restrictions());
     for (name, obj) in &set.templates {
         assert_eq!(&obj.name, name);
-        assert!(Arc::ptr_eq(&obj.payload, &snap.templates[name].payload));
+        assert!(obj.body.is_shared_with(&snap.templates[name].body));
+        assert!(Arc::ptr_eq(&obj.digest, &snap.templates[name].digest));
         assert_eq!(obj.hash, snap.templates[name].hash);
     }
 }
@@ -786,7 +791,8 @@ proptest! {
             let kcp = &snap.release_metas[name];
             prop_assert!(!kcp.mandatory);
             let channels: Vec<ChannelVersion> =
-                serde_json::from_value(obj.payload["spec"]["channels"].clone()).expect("channels parse");
+                serde_json::from_value(obj.value().expect("the body is JSON")["spec"]["channels"].clone())
+            .expect("channels parse");
             prop_assert!(!channels.is_empty(), "desired MRM {} has no channel", name);
             for c in &channels {
                 prop_assert!(kcp.channels.contains(c), "{:?} is not a KCP channel of {}", c, name);
@@ -797,10 +803,10 @@ proptest! {
                     "{} points at {}, which is no allowed KCP template", name, mt
                 );
             }
-            prop_assert_eq!(obj.hash, content_hash(&obj.payload));
-            // The apply body is the payload, byte for byte.
-            let value: Value = serde_json::from_str(obj.body.json().get()).expect("the body is JSON");
-            prop_assert_eq!(&value, &*obj.payload);
+            // The hash and the digest are of the apply body.
+            let value = obj.value().expect("the body is JSON");
+            prop_assert_eq!(obj.hash, content_hash(&value));
+            prop_assert_eq!(&*obj.digest, &CopyDigest::of(&value));
         }
     }
 
@@ -815,9 +821,11 @@ proptest! {
         let (beta, internal) = flags(&labels);
         let mut referenced = BTreeSet::new();
         for obj in set.release_metas.values() {
-            let module = obj.payload["spec"]["moduleName"].as_str().expect("moduleName is a string");
+            let value = obj.value().expect("the body is JSON");
+            let module = value["spec"]["moduleName"].as_str().expect("moduleName is a string");
             let channels: Vec<ChannelVersion> =
-                serde_json::from_value(obj.payload["spec"]["channels"].clone()).expect("channels parse");
+                serde_json::from_value(obj.value().expect("the body is JSON")["spec"]["channels"].clone())
+            .expect("channels parse");
             referenced.extend(channels.into_iter().map(|c| format!("{module}-{}", c.version)));
         }
         for (name, obj) in &set.templates {
