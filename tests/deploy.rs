@@ -26,9 +26,8 @@ use kube::core::GroupVersionKind;
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use serde_json::Value;
 
-use common::docs::{
-    documented_metrics, kind_of, kustomize_build as render, metric_names, monitoring_metrics, name_of, read, the,
-};
+use common::docs::{documented_metrics, metric_names, read};
+use common::kustomize::{kind_of, kustomize_build as render, monitoring_metrics, name_of, the};
 use common::{create_namespace, env, install_crds_yaml, parse_yaml_docs, wait_until};
 
 /// Field manager of the dry-run applies.

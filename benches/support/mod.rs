@@ -337,7 +337,7 @@ pub fn cold_skr(desired: &BTreeMap<String, DesiredObject>) -> (Vec<Observed>, Ki
         .map(|(i, (name, want))| {
             let rv = resource_version(i);
             // A fresh value, as a list response would be: nothing shared with the desired set.
-            let mut content: Value = want.value().expect("the body is JSON");
+            let mut content: Value = want.body.value().expect("the body is JSON");
             let meta = &mut content["metadata"];
             meta["resourceVersion"] = json!(rv);
             meta["uid"] = json!(format!("0a1b2c3d-4e5f-4a6b-8c7d-{i:012x}"));

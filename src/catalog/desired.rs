@@ -32,17 +32,6 @@ pub struct DesiredObject {
     pub hash: u64,
 }
 
-impl DesiredObject {
-    /// The copy as a JSON value, parsed from [`DesiredObject::body`]: for the rare replace
-    /// of a copy whose foreign fields survived an apply, and for tests.
-    ///
-    /// # Errors
-    /// None in practice: the body was serialized from a JSON value.
-    pub fn value(&self) -> serde_json::Result<Value> {
-        serde_json::from_str(self.body.json().get())
-    }
-}
-
 /// Everything one SKR should hold, by kind and name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DesiredSet {

@@ -70,6 +70,15 @@ impl CopyBody {
         &self.0
     }
 
+    /// The copy as a JSON value, parsed from the body: for the rare replace of a copy whose
+    /// foreign fields survived an apply, and for tests.
+    ///
+    /// # Errors
+    /// None in practice: the body was serialized from a JSON value.
+    pub fn value(&self) -> serde_json::Result<serde_json::Value> {
+        serde_json::from_str(self.0.get())
+    }
+
     /// Whether both are the same serialization (shared, not only equal).
     pub fn is_shared_with(&self, other: &CopyBody) -> bool {
         std::sync::Arc::ptr_eq(&self.0, &other.0)

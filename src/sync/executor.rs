@@ -274,7 +274,7 @@ impl SkrTarget<'_> {
             return Ok(current.resource_version().unwrap_or_default());
         }
         self.check_ownership()?;
-        let mut body = obj.value().map_err(|e| wrap(kube::Error::SerdeError(e)))?;
+        let mut body = obj.body.value().map_err(|e| wrap(kube::Error::SerdeError(e)))?;
         for field in ["labels", "annotations"] {
             let mut merged = observed["metadata"][field].as_object().cloned().unwrap_or_default();
             if let Some(want) = body["metadata"][field].as_object() {

@@ -1,6 +1,6 @@
-//! What the repository's docs and manifests say, parsed for the tests that hold the code to
-//! them: the metric reference table of `docs/metrics.md`, the metric names in the dashboard
-//! and the alerts, and `kustomize build` of a directory under `deploy/`.
+//! What the repository's docs say, parsed for the tests that hold the code to them: the
+//! metric reference table of `docs/metrics.md`, metric names in any text, the metric families
+//! of a `/metrics` scrape. (The manifests are in [`super::kustomize`].)
 //!
 //! Self-contained (no other harness module), so a light test binary can include just this
 //! file with `#[path = "common/docs.rs"] mod docs;`.
@@ -8,9 +8,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::Command;
-
-use serde_json::Value;
 
 /// The metrics reference.
 pub const METRICS_DOC: &str = "docs/metrics.md";
@@ -124,66 +121,4 @@ pub fn exposed_metrics(exposition: &str) -> BTreeMap<String, BTreeSet<String>> {
         }
     }
     out
-}
-
-/// `$KUSTOMIZE build <dir>` (`hack/kustomize.sh` provides it), parsed into objects.
-///
-/// # Panics
-/// When `KUSTOMIZE` is not set, the build fails or renders nothing.
-pub fn kustomize_build(dir: &str) -> Vec<Value> {
-    let Some(kustomize) = std::env::var_os("KUSTOMIZE") else {
-        panic!("KUSTOMIZE is not set: run `eval \"$(hack/kustomize.sh)\"` first (hack/test.sh does)");
-    };
-    let out =
-        Command::new(&kustomize).arg("build").arg(repo_path(dir)).output().unwrap_or_else(|e| {
-            panic!("failed to run {} (KUSTOMIZE; see hack/kustomize.sh): {e}", kustomize.display())
-        });
-    assert!(
-        out.status.success(),
-        "kustomize build {dir} failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let yaml = String::from_utf8(out.stdout).expect("kustomize prints UTF-8");
-    let docs = serde_saphyr::from_multiple::<Value>(&yaml)
-        .unwrap_or_else(|e| panic!("output of kustomize build {dir} does not parse: {e}"));
-    let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
-    assert!(!docs.is_empty(), "kustomize build {dir} rendered nothing");
-    docs
-}
-
-/// The `kind` of an object.
-pub fn kind_of(doc: &Value) -> &str {
-    doc["kind"].as_str().unwrap_or_default()
-}
-
-/// The `metadata.name` of an object.
-pub fn name_of(doc: &Value) -> &str {
-    doc["metadata"]["name"].as_str().unwrap_or_default()
-}
-
-/// The one object of `kind` in `docs`.
-///
-/// # Panics
-/// When there is not exactly one.
-pub fn the<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-    let found: Vec<&Value> = docs.iter().filter(|d| kind_of(d) == kind).collect();
-    assert_eq!(found.len(), 1, "expected exactly one {kind}, found {}", found.len());
-    found[0]
-}
-
-/// The metric names the Grafana dashboard and the PrometheusRule of `deploy/monitoring` use,
-/// by source.
-pub fn monitoring_metrics() -> Vec<(&'static str, BTreeSet<String>)> {
-    let dashboard = read("deploy/monitoring/dashboard.json");
-    serde_json::from_str::<Value>(&dashboard).expect("dashboard.json is JSON");
-    let rules = the(&kustomize_build("deploy/monitoring"), "PrometheusRule").clone();
-    let exprs: Vec<String> = rules["spec"]["groups"]
-        .as_array()
-        .expect("rule groups")
-        .iter()
-        .flat_map(|g| g["rules"].as_array().expect("rules").iter())
-        .map(|r| r["expr"].as_str().expect("expr").to_owned())
-        .collect();
-    vec![("dashboard.json", metric_names(&dashboard)), ("PrometheusRule", metric_names(&exprs.join("\n")))]
 }

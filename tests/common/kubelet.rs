@@ -57,9 +57,8 @@ pub const NODE_NAME: &str = "catalogsync-test-node";
 pub struct PodRun {
     /// Pod name (the replica's identity).
     pub name: String,
-    /// Pod IP (a loopback address).
-    pub ip: Ipv4Addr,
-    /// The HTTP address of its container (pod IP and container port).
+    /// The HTTP address of its container: the pod IP (a loopback address) and the
+    /// container port.
     pub http: SocketAddr,
     /// Whether its readiness probe passes now.
     pub ready: bool,
@@ -322,18 +321,15 @@ impl Agent {
             seen.push((name.clone(), uid.clone()));
             let spec = pod.spec.as_ref();
             let deleting = pod.metadata.deletion_timestamp.is_some();
-            match spec.and_then(|s| s.node_name.as_deref()) {
-                None if !deleting => self.bind(&name).await?,
-                Some(NODE_NAME) => {
-                    if deleting {
-                        self.terminate(pod).await?;
-                    } else if !self.pods.contains_key(&name)
-                        && let Err(e) = self.admit(pod).await
-                    {
-                        eprintln!("node agent: failed to start pod {name}: {e:#}");
-                    }
-                }
-                _ => {}
+            // One pod's failure is logged and retried on the next pass; the others go on.
+            let done = match spec.and_then(|s| s.node_name.as_deref()) {
+                None if !deleting => self.bind(&name).await,
+                Some(NODE_NAME) if deleting => self.terminate(pod).await,
+                Some(NODE_NAME) if !self.pods.contains_key(&name) => self.admit(pod).await,
+                _ => Ok(()),
+            };
+            if let Err(e) = done {
+                eprintln!("node agent: pod {name}: {e:#}");
             }
         }
         // Pods gone from the API (deleted with grace 0 elsewhere): stop their processes.
@@ -415,7 +411,6 @@ impl Agent {
             terminated: None,
             status_dirty: true,
         };
-        self.record(&name, &p);
         self.pods.insert(name, p);
         Ok(())
     }
@@ -457,14 +452,13 @@ impl Agent {
                 .and_then(|s| u64::try_from(s).ok())
                 .unwrap_or(30),
         );
-        if p.terminating.is_none() {
-            p.terminating = Some((Instant::now(), grace));
+        let (since, grace) = *p.terminating.get_or_insert_with(|| {
             p.restart_at = None;
             if let Some(process) = &p.process {
                 let _ = process.signal("TERM");
             }
-        }
-        let (since, grace) = p.terminating.unwrap_or((Instant::now(), grace));
+            (Instant::now(), grace)
+        });
         let exited = match &mut p.process {
             Some(process) => match process.exit_status() {
                 Some(status) => {
@@ -623,7 +617,6 @@ impl Agent {
     fn record(&self, name: &str, p: &PodProcess) {
         let run = PodRun {
             name: name.to_owned(),
-            ip: p.ip,
             http: SocketAddr::from((p.ip, p.port)),
             ready: p.ready,
             running: p.process.is_some(),

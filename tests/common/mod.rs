@@ -32,6 +32,7 @@ pub mod etcd;
 pub mod fleet;
 pub mod invariants;
 pub mod kubelet;
+pub mod kustomize;
 pub mod pki;
 pub mod process;
 pub mod proxy;

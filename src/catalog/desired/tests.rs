@@ -24,7 +24,7 @@ fn names(objects: &BTreeMap<String, DesiredObject>) -> Vec<&str> {
 fn channels_of(set: &DesiredSet, mrm: &str) -> Vec<(String, String)> {
     let obj = set.release_metas.get(mrm).expect("the release meta is desired");
     let channels: Vec<ChannelVersion> =
-        serde_json::from_value(obj.value().expect("the body is JSON")["spec"]["channels"].clone())
+        serde_json::from_value(obj.body.value().expect("the body is JSON")["spec"]["channels"].clone())
             .expect("channels parse");
     channels.into_iter().map(|c| (c.channel, c.version)).collect()
 }
@@ -189,7 +189,7 @@ fn pruned_mrm_differs_from_the_kcp_copy_only_in_its_channels() {
     let mut expected = (*snap.release_metas["keda"].payload).clone();
     expected["spec"]["channels"] = json!([{"channel": "regular", "version": "1.0.0"}]);
     let got = &set.release_metas["keda"];
-    let value = got.value().expect("the body is JSON");
+    let value = got.body.value().expect("the body is JSON");
     assert_eq!(value, expected);
     assert_eq!(value["spec"]["futureField"], json!({"nested": [1, 2, {"x": "y"}]}));
     assert_eq!(value["futureTopLevel"], json!({"a": 1}));
@@ -790,9 +790,9 @@ proptest! {
         for (name, obj) in &set.release_metas {
             let kcp = &snap.release_metas[name];
             prop_assert!(!kcp.mandatory);
+            let value = obj.body.value().expect("the body is JSON");
             let channels: Vec<ChannelVersion> =
-                serde_json::from_value(obj.value().expect("the body is JSON")["spec"]["channels"].clone())
-            .expect("channels parse");
+                serde_json::from_value(value["spec"]["channels"].clone()).expect("channels parse");
             prop_assert!(!channels.is_empty(), "desired MRM {} has no channel", name);
             for c in &channels {
                 prop_assert!(kcp.channels.contains(c), "{:?} is not a KCP channel of {}", c, name);
@@ -804,7 +804,6 @@ proptest! {
                 );
             }
             // The hash and the digest are of the apply body.
-            let value = obj.value().expect("the body is JSON");
             prop_assert_eq!(obj.hash, content_hash(&value));
             prop_assert_eq!(&*obj.digest, &CopyDigest::of(&value));
         }
@@ -821,11 +820,10 @@ proptest! {
         let (beta, internal) = flags(&labels);
         let mut referenced = BTreeSet::new();
         for obj in set.release_metas.values() {
-            let value = obj.value().expect("the body is JSON");
+            let value = obj.body.value().expect("the body is JSON");
             let module = value["spec"]["moduleName"].as_str().expect("moduleName is a string");
             let channels: Vec<ChannelVersion> =
-                serde_json::from_value(obj.value().expect("the body is JSON")["spec"]["channels"].clone())
-            .expect("channels parse");
+                serde_json::from_value(value["spec"]["channels"].clone()).expect("channels parse");
             referenced.extend(channels.into_iter().map(|c| format!("{module}-{}", c.version)));
         }
         for (name, obj) in &set.templates {

@@ -1,0 +1,70 @@
+//! `kustomize build` of the directories under `deploy/`, and lookups in what it renders.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::apply::parse_yaml_docs;
+use super::docs::{metric_names, read, repo_path};
+
+/// `$KUSTOMIZE build <dir>` (`hack/kustomize.sh` provides it), parsed into objects.
+///
+/// # Panics
+/// When `KUSTOMIZE` is not set, the build fails or renders nothing.
+pub fn kustomize_build(dir: &str) -> Vec<Value> {
+    let Some(kustomize) = std::env::var_os("KUSTOMIZE") else {
+        panic!("KUSTOMIZE is not set: run `eval \"$(hack/kustomize.sh)\"` first (hack/test.sh does)");
+    };
+    let out =
+        Command::new(&kustomize).arg("build").arg(repo_path(dir)).output().unwrap_or_else(|e| {
+            panic!("failed to run {} (KUSTOMIZE; see hack/kustomize.sh): {e}", kustomize.display())
+        });
+    assert!(
+        out.status.success(),
+        "kustomize build {dir} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = String::from_utf8(out.stdout).expect("kustomize prints UTF-8");
+    let docs =
+        parse_yaml_docs(&yaml).unwrap_or_else(|e| panic!("output of kustomize build {dir} does not parse: {e:#}"));
+    assert!(!docs.is_empty(), "kustomize build {dir} rendered nothing");
+    docs
+}
+
+/// The `kind` of an object.
+pub fn kind_of(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+/// The `metadata.name` of an object.
+pub fn name_of(doc: &Value) -> &str {
+    doc["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+/// The one object of `kind` in `docs`.
+///
+/// # Panics
+/// When there is not exactly one.
+pub fn the<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = docs.iter().filter(|d| kind_of(d) == kind).collect();
+    assert_eq!(found.len(), 1, "expected exactly one {kind}, found {}", found.len());
+    found[0]
+}
+
+/// The metric names the Grafana dashboard and the PrometheusRule of `deploy/monitoring` use,
+/// by source.
+pub fn monitoring_metrics() -> Vec<(&'static str, BTreeSet<String>)> {
+    let dashboard = read("deploy/monitoring/dashboard.json");
+    serde_json::from_str::<Value>(&dashboard).expect("dashboard.json is JSON");
+    let rules = the(&kustomize_build("deploy/monitoring"), "PrometheusRule").clone();
+    let exprs: Vec<String> = rules["spec"]["groups"]
+        .as_array()
+        .expect("rule groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules").iter())
+        .map(|r| r["expr"].as_str().expect("expr").to_owned())
+        .collect();
+    vec![("dashboard.json", metric_names(&dashboard)), ("PrometheusRule", metric_names(&exprs.join("\n")))]
+}
