@@ -91,6 +91,45 @@ pub enum Warning {
     },
 }
 
+/// What of a Kyma the filter reads: its beta and internal flags and, for each restricted
+/// module's MRM with a non-empty `kymaSelector`, whether the selector matches it (or why it
+/// cannot be evaluated). The desired set is a function of the catalog and the profile alone,
+/// so Kymas with equal profiles (nearly all of a fleet: a handful of profiles for thousands
+/// of Kymas) share one desired set ([`DesiredSets`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Profile {
+    beta: bool,
+    internal: bool,
+    /// By MRM name.
+    selections: BTreeMap<String, Result<bool, String>>,
+}
+
+impl Profile {
+    /// The profile of a Kyma with `kyma_labels` under `snapshot`.
+    pub fn of(
+        snapshot: &Snapshot,
+        kyma_labels: &BTreeMap<String, String>,
+        restricted_modules: &BTreeSet<String>,
+    ) -> Self {
+        let selections = snapshot
+            .release_metas
+            .values()
+            .filter(|mrm| !mrm.mandatory && restricted_modules.contains(&mrm.module_name))
+            .filter_map(|mrm| match &mrm.kyma_selector {
+                Some(Ok(sel)) if !selector::is_empty(sel) => {
+                    Some((mrm.name.clone(), selector::matches(sel, kyma_labels).map_err(|e| e.to_string())))
+                }
+                _ => None,
+            })
+            .collect();
+        Self {
+            beta: is_flag_on(kyma_labels.get(BETA_LABEL)),
+            internal: is_flag_on(kyma_labels.get(INTERNAL_LABEL)),
+            selections,
+        }
+    }
+}
+
 /// Computes the desired catalog of a Kyma with `kyma_labels`, given the KCP catalog and the
 /// configured restricted module names. Pure; the second value lists what was skipped with a
 /// warning.
@@ -99,8 +138,16 @@ pub fn desired_set(
     kyma_labels: &BTreeMap<String, String>,
     restricted_modules: &BTreeSet<String>,
 ) -> (DesiredSet, Vec<Warning>) {
-    let kyma_beta = is_flag_on(kyma_labels.get(BETA_LABEL));
-    let kyma_internal = is_flag_on(kyma_labels.get(INTERNAL_LABEL));
+    desired_for(snapshot, &Profile::of(snapshot, kyma_labels, restricted_modules), restricted_modules)
+}
+
+/// The desired catalog of every Kyma with `profile`.
+fn desired_for(
+    snapshot: &Snapshot,
+    profile: &Profile,
+    restricted_modules: &BTreeSet<String>,
+) -> (DesiredSet, Vec<Warning>) {
+    let (kyma_beta, kyma_internal) = (profile.beta, profile.internal);
     let mut out = DesiredSet::default();
     let mut warnings = Vec::new();
     let mut wanted_templates = BTreeSet::new();
@@ -120,20 +167,15 @@ pub fn desired_set(
                 continue;
             }
             (None, true) => continue,
-            (Some(Ok(sel)), true) => {
-                if selector::is_empty(sel) {
+            (Some(Ok(_)), true) => match profile.selections.get(&mrm.name) {
+                Some(Ok(true)) => {}
+                // No entry: the selector is empty, which selects no Kyma.
+                Some(Ok(false)) | None => continue,
+                Some(Err(reason)) => {
+                    warnings.push(Warning::InvalidSelector { release_meta: mrm.name.clone(), reason: reason.clone() });
                     continue;
                 }
-                match selector::matches(sel, kyma_labels) {
-                    Ok(true) => {}
-                    Ok(false) => continue,
-                    Err(e) => {
-                        warnings
-                            .push(Warning::InvalidSelector { release_meta: mrm.name.clone(), reason: e.to_string() });
-                        continue;
-                    }
-                }
-            }
+            },
             (None, false) => {}
         }
 
@@ -187,6 +229,77 @@ pub fn desired_set(
         }
     }
     (out, warnings)
+}
+
+/// A desired set with what goes with it: the filter's warnings and the set's fingerprint.
+#[derive(Debug)]
+pub struct Desired {
+    /// The objects.
+    pub set: DesiredSet,
+    /// What the filter skipped with a warning.
+    pub warnings: Vec<Warning>,
+    /// [`DesiredSet::fingerprint`] of `set`.
+    pub fingerprint: u64,
+}
+
+impl Desired {
+    fn new((set, warnings): (DesiredSet, Vec<Warning>)) -> Self {
+        let fingerprint = set.fingerprint();
+        Self { set, warnings, fingerprint }
+    }
+}
+
+/// The desired sets of one catalog snapshot, computed once per [`Profile`] and shared by the
+/// Kymas that have it. A catalog change otherwise costs every Kyma two computations of its
+/// set (to decide whether it is affected, then in its sync), each cloning and re-serializing
+/// the MRMs whose channels it cuts. Holds at most [`DesiredSets::MAX_PROFILES`] sets (about
+/// 10 KB each); Kymas with further profiles get theirs computed each time.
+///
+/// Valid for one snapshot and one set of restricted modules: the catalog state that holds it
+/// is rebuilt on every catalog change, and the restricted modules are fixed at start.
+#[derive(Debug, Default)]
+pub struct DesiredSets {
+    by_profile: std::sync::Mutex<std::collections::HashMap<Profile, Arc<Desired>>>,
+}
+
+impl DesiredSets {
+    /// Most profiles kept.
+    pub const MAX_PROFILES: usize = 128;
+
+    /// The desired set of a Kyma with `kyma_labels`: [`desired_set`], shared.
+    pub fn get(
+        &self,
+        snapshot: &Snapshot,
+        kyma_labels: &BTreeMap<String, String>,
+        restricted_modules: &BTreeSet<String>,
+    ) -> Arc<Desired> {
+        let profile = Profile::of(snapshot, kyma_labels, restricted_modules);
+        if let Some(found) = self.lock().get(&profile) {
+            return Arc::clone(found);
+        }
+        // Computed outside the lock; two syncs racing for a new profile compute it twice.
+        let desired = Arc::new(Desired::new(desired_for(snapshot, &profile, restricted_modules)));
+        let mut cache = self.lock();
+        if cache.len() < Self::MAX_PROFILES {
+            cache.insert(profile, Arc::clone(&desired));
+        }
+        desired
+    }
+
+    /// Number of profiles held.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no profile is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Profile, Arc<Desired>>> {
+        // Inserts are single operations: a panic elsewhere cannot leave the map inconsistent.
+        self.by_profile.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 #[cfg(test)]

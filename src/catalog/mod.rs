@@ -15,7 +15,7 @@ pub mod render;
 pub mod selector;
 pub mod snapshot;
 
-pub use desired::{DesiredObject, DesiredSet, Warning, desired_set};
+pub use desired::{Desired, DesiredObject, DesiredSet, DesiredSets, Profile, Warning, desired_set};
 pub use plan::{KindMemory, Observed, Plan, plan};
 pub use snapshot::{MrmView, MtView, Snapshot};
 

@@ -2,7 +2,7 @@
 //! the [`Snapshot`] after a burst of changes has settled, and requeues exactly the owned
 //! Kymas whose desired catalog changed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,12 +16,12 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::api::{Kyma, ModuleReleaseMeta, ModuleTemplate};
-use crate::catalog::{CatalogKind, Snapshot, Warning, desired_set};
+use crate::catalog::{CatalogKind, Desired, DesiredSets, Snapshot, Warning};
 use crate::sync::executor::{SkrCrds, skr_crd_names};
 use crate::sync::reconciler::Context;
 
 /// What every sync reads: the catalog snapshot and the SKR CRDs.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct CatalogState {
     /// The catalog.
     pub snapshot: Snapshot,
@@ -29,12 +29,38 @@ pub struct CatalogState {
     pub crds: SkrCrds,
     /// Whether this state was built from fully listed stores (the initial value is not).
     pub published: bool,
+    /// The desired sets of `snapshot`, computed as Kymas ask for them.
+    desired: Arc<DesiredSets>,
+}
+
+impl PartialEq for CatalogState {
+    /// Equal catalogs; the desired sets follow from the snapshot.
+    fn eq(&self, other: &Self) -> bool {
+        self.snapshot == other.snapshot && self.crds == other.crds && self.published == other.published
+    }
+}
+
+impl CatalogState {
+    /// A state of `snapshot` and `crds`.
+    pub fn new(snapshot: Snapshot, crds: SkrCrds, published: bool) -> Self {
+        Self { snapshot, crds, published, desired: Arc::default() }
+    }
+
+    /// The desired set of a Kyma with `kyma_labels`, shared with every Kyma of the same
+    /// [`Profile`](crate::catalog::Profile).
+    pub fn desired(
+        &self,
+        kyma_labels: &BTreeMap<String, String>,
+        restricted_modules: &BTreeSet<String>,
+    ) -> Arc<Desired> {
+        self.desired.get(&self.snapshot, kyma_labels, restricted_modules)
+    }
 }
 
 /// What a successful sync of an SKR established: its desired set and the CRDs. A Kyma whose
 /// fingerprint under a new catalog differs from the one last synced needs a sync.
-pub fn sync_fingerprint(desired: &crate::catalog::DesiredSet, state: &CatalogState) -> u64 {
-    desired.fingerprint() ^ state.crds.hash.rotate_left(1)
+pub fn sync_fingerprint(desired: &Desired, state: &CatalogState) -> u64 {
+    desired.fingerprint ^ state.crds.hash.rotate_left(1)
 }
 
 /// The KCP stores the catalog is built from.
@@ -77,7 +103,7 @@ impl CatalogStores {
                 (name, crd)
             })
             .collect();
-        CatalogState { snapshot, crds: SkrCrds::from_kcp(found), published: true }
+        CatalogState::new(snapshot, SkrCrds::from_kcp(found), true)
     }
 }
 
@@ -163,7 +189,8 @@ pub async fn run_catalog_loop(
             continue;
         }
         record_catalog(&ctx, &state);
-        publish.send_replace(Arc::new(state.clone()));
+        let state = Arc::new(state);
+        publish.send_replace(Arc::clone(&state));
         ctx.metrics.catalog.changes.inc();
         let requeued = requeue_affected(&state, &kymas, &requeue, &ctx).await;
         info!(
@@ -209,8 +236,8 @@ fn record_catalog(ctx: &Context, state: &CatalogState) {
         warn!(kind = bad.kind.as_str(), name = %bad.name, reason = %bad.reason, "Skipping malformed catalog object");
     }
     // Selector warnings do not depend on the Kyma, so one evaluation reports them all.
-    let (_, warnings) = desired_set(snap, &BTreeMap::new(), &ctx.settings.restricted_modules);
-    for w in warnings {
+    let unlabelled = state.desired(&BTreeMap::new(), &ctx.settings.restricted_modules);
+    for w in &unlabelled.warnings {
         match w {
             Warning::SelectorOnUnrestrictedModule { release_meta } => {
                 warn!(%release_meta, "Skipping ModuleReleaseMeta: it has a kymaSelector but its module is not restricted");
@@ -235,7 +262,7 @@ async fn requeue_affected(
         if !ctx.shards.owns(&namespace, &name) {
             continue;
         }
-        let (desired, _) = desired_set(&state.snapshot, kyma.labels(), &ctx.settings.restricted_modules);
+        let desired = state.desired(kyma.labels(), &ctx.settings.restricted_modules);
         if ctx.book.synced_fingerprint(&name) == Some(sync_fingerprint(&desired, state)) {
             continue;
         }

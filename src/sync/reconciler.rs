@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::api::{KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, SKIP_RECONCILIATION_LABEL, is_flag_on};
-use crate::catalog::{CatalogKind, desired_set};
+use crate::catalog::CatalogKind;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sharding::ShardView;
@@ -232,12 +232,12 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     let timer = ctx.metrics.sync.measure(in_flight.shard());
     let shard = timer.shard().to_owned();
     let catalog = Arc::clone(&ctx.catalog.borrow());
-    let (desired, _) = desired_set(&catalog.snapshot, kyma.labels(), &ctx.settings.restricted_modules);
-    let result = match tokio::time::timeout(ctx.settings.sync_timeout, sync_skr(&kyma, &desired, &catalog, &ctx)).await
-    {
-        Ok(r) => r,
-        Err(_) => Err(Error::SyncTimeout(ctx.settings.sync_timeout)),
-    };
+    let desired = catalog.desired(kyma.labels(), &ctx.settings.restricted_modules);
+    let result =
+        match tokio::time::timeout(ctx.settings.sync_timeout, sync_skr(&kyma, &desired.set, &catalog, &ctx)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::SyncTimeout(ctx.settings.sync_timeout)),
+        };
     drop(timer);
 
     match result {
@@ -248,7 +248,7 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
             if report.writes() > 0 {
                 info!(applied = ?report.applied, pruned = ?report.pruned, setup_writes = report.setup_writes, "Synced catalog");
             } else {
-                debug!(objects = desired.len(), "Catalog already in sync");
+                debug!(objects = desired.set.len(), "Catalog already in sync");
             }
             let wanted = Wanted {
                 status: "True",

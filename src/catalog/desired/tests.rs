@@ -778,7 +778,79 @@ fn flags(labels: &BTreeMap<String, String>) -> (bool, bool) {
     (is_flag_on(labels.get(BETA_LABEL)), is_flag_on(labels.get(INTERNAL_LABEL)))
 }
 
+// ---------------------------------------------------------------------------------------------
+// Shared desired sets (one per profile)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn kymas_that_differ_only_in_labels_the_filter_ignores_share_one_set() {
+    let sel = match_labels(&[("kyma-project.io/region", "eu")]);
+    let (mts, mrms) = catalog_with(MrmBuilder::new("sap-btp").selector(sel));
+    let snap = snapshot(&mts, &mrms);
+    let restricted = restricted(&["sap-btp"]);
+    let sets = DesiredSets::default();
+    let a = sets.get(&snap, &kyma_labels(&[("kyma-project.io/region", "eu"), ("runtime-id", "a")]), &restricted);
+    let b = sets.get(&snap, &kyma_labels(&[("kyma-project.io/region", "eu"), ("runtime-id", "b")]), &restricted);
+    let elsewhere = sets.get(&snap, &kyma_labels(&[("kyma-project.io/region", "us")]), &restricted);
+    assert!(Arc::ptr_eq(&a, &b), "the same profile shares one set");
+    assert_eq!(names(&a.set.release_metas), ["keda", "sap-btp"]);
+    assert_eq!(names(&elsewhere.set.release_metas), ["keda"], "the selector decides, not the cache");
+    assert_eq!(sets.len(), 2);
+    assert_eq!(a.fingerprint, a.set.fingerprint());
+}
+
+#[test]
+fn flags_are_part_of_the_profile() {
+    let (mts, mrms) = flavoured_catalog();
+    let snap = snapshot(&mts, &mrms);
+    let sets = DesiredSets::default();
+    for (beta, internal) in [(false, false), (true, false), (false, true), (true, true)] {
+        let labels = kyma_flags(beta, internal);
+        let shared = sets.get(&snap, &labels, &no_restrictions());
+        assert_eq!(shared.set, desired_set(&snap, &labels, &no_restrictions()).0, "beta {beta}, internal {internal}");
+    }
+    assert_eq!(sets.len(), 4);
+}
+
+#[test]
+fn the_cache_is_bounded_and_answers_beyond_its_bound() {
+    // Every Kyma matches a different subset of MAX_PROFILES + 1 restricted modules' selectors.
+    let modules: Vec<String> = (0..=DesiredSets::MAX_PROFILES).map(|i| format!("mod{i}")).collect();
+    let mts: Vec<DynamicObject> = modules.iter().map(|m| MtBuilder::new(m, "1.0.0").build()).collect();
+    let mrms: Vec<DynamicObject> = modules
+        .iter()
+        .map(|m| MrmBuilder::new(m).selector(match_labels(&[(m.as_str(), "yes")])).channel("regular", "1.0.0").build())
+        .collect();
+    let snap = snapshot(&mts, &mrms);
+    let restricted: BTreeSet<String> = modules.iter().cloned().collect();
+    let sets = DesiredSets::default();
+    for m in &modules {
+        let labels = kyma_labels(&[(m.as_str(), "yes")]);
+        let shared = sets.get(&snap, &labels, &restricted);
+        assert_eq!(names(&shared.set.release_metas), [m.as_str()]);
+    }
+    assert_eq!(sets.len(), DesiredSets::MAX_PROFILES);
+}
+
 proptest! {
+    #[test]
+    fn shared_sets_are_the_sets_of_each_kyma(
+        catalog in gen_catalog(true),
+        kymas in proptest::collection::vec(gen_kyma_labels(), 1..6),
+    ) {
+        let (mts, mrms) = catalog.objects();
+        let snap = snapshot(&mts, &mrms);
+        let sets = DesiredSets::default();
+        // Twice over, so the second round answers from the cache.
+        for labels in kymas.iter().chain(&kymas) {
+            let own = desired_set(&snap, labels, &catalog.restricted());
+            let shared = sets.get(&snap, labels, &catalog.restricted());
+            prop_assert_eq!(&shared.set, &own.0);
+            prop_assert_eq!(&shared.warnings, &own.1);
+            prop_assert_eq!(shared.fingerprint, own.0.fingerprint());
+        }
+    }
+
     #[test]
     fn desired_channels_are_kcp_channels_naming_allowed_kcp_templates(
         catalog in gen_catalog(true),
