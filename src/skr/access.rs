@@ -114,14 +114,19 @@ impl AccessSecrets {
 }
 
 /// What a replica keeps of one SKR's access between syncs: the kubeconfig of its access
-/// Secret, parsed (a few KB). A [`Client`], with its connection pool and TLS state, is built
-/// for each sync and dropped with it, so thousands of idle SKRs hold no connections, TLS
-/// session caches or client stacks (about 100 KB per SKR when clients were kept).
+/// Secret, parsed (a few KB), and its TLS client configuration with room for the SKR's
+/// session tickets (a few KB). A [`Client`], with its connection pool and connection, is built
+/// for each sync and dropped with it, so thousands of idle SKRs hold no connections or client
+/// stacks (about 100 KB per SKR when clients were kept). The kept TLS configuration lets the
+/// next sync resume the TLS session: no certificate chain to verify in the replica, no
+/// signature to make in the SKR's apiserver.
 #[derive(Clone)]
 pub struct SkrAccess {
     secret: String,
     config: kube::Config,
     connect_timeout: Duration,
+    /// Built at the first sync; `None` inside while it could not be built (the sync fails).
+    tls: std::sync::OnceLock<Option<rustls::ClientConfig>>,
 }
 
 impl SkrAccess {
@@ -148,7 +153,7 @@ impl SkrAccess {
         if let Ok(agent) = http::HeaderValue::from_str(&timeouts.user_agent) {
             config.headers.push((http::header::USER_AGENT, agent));
         }
-        Ok(Self { secret: name, config, connect_timeout: timeouts.connect })
+        Ok(Self { secret: name, config, connect_timeout: timeouts.connect, tls: std::sync::OnceLock::new() })
     }
 
     /// A client for one sync.
@@ -157,12 +162,39 @@ impl SkrAccess {
     /// [`Error::AccessSecretInvalid`] when no client can be built from the kubeconfig (for
     /// example unreadable certificate data); the failed sync drops the cached access.
     pub fn client(&self) -> Result<Client> {
-        build_client(&self.config, self.connect_timeout).map_err(|e| Error::AccessSecretInvalid {
+        let invalid = |e: kube::Error| Error::AccessSecretInvalid {
             name: self.secret.clone(),
             reason: format!("no client can be built from it: {e}"),
-        })
+        };
+        let tls = match self.tls.get() {
+            Some(Some(tls)) => tls.clone(),
+            Some(None) | None => {
+                let tls = tls_config(&self.config).map_err(invalid)?;
+                // Only a configuration that depends on the Secret alone is kept: an exec
+                // plugin may hand out a new client certificate at any time.
+                if self.config.auth_info.exec.is_none() {
+                    let _ = self.tls.set(Some(tls.clone()));
+                }
+                tls
+            }
+        };
+        build_client(&self.config, tls, self.connect_timeout).map_err(invalid)
     }
 }
+
+/// The TLS client configuration of an SKR, as kube builds it (trust anchors, client
+/// certificate), remembering the session tickets of one server: an SKR is one apiserver.
+fn tls_config(config: &kube::Config) -> std::result::Result<rustls::ClientConfig, kube::Error> {
+    use kube::client::ConfigExt as _;
+    let mut tls = config.rustls_client_config()?;
+    // rustls's default store has room for 256 servers, allocated up front.
+    tls.resumption = rustls::client::Resumption::in_memory_sessions(SESSIONS_PER_SKR);
+    Ok(tls)
+}
+
+/// TLS 1.3 session tickets kept per SKR (a sync needs one; apiservers send one or two per
+/// handshake).
+const SESSIONS_PER_SKR: usize = 2;
 
 /// A connection idle longer than this is not reused (checked when a request needs one; a
 /// client lives for one sync, whose requests follow each other within milliseconds).
@@ -171,14 +203,25 @@ pub const SKR_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Builds an SKR client: kube's stack (base URI, retries, credentials, headers) over a
 /// connection pool that keeps at most one idle connection per SKR. kube's default client
 /// would open up to `--skr-concurrency` connections per SKR and keep them all.
-fn build_client(config: &kube::Config, connect_timeout: Duration) -> std::result::Result<Client, kube::Error> {
+fn build_client(
+    config: &kube::Config,
+    tls: rustls::ClientConfig,
+    connect_timeout: Duration,
+) -> std::result::Result<Client, kube::Error> {
     use kube::client::ConfigExt as _;
     use tower::ServiceBuilder;
 
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(Some(connect_timeout));
-    let https = config.rustls_https_connector_with_connector(http)?;
+    // As kube's `rustls_https_connector_with_connector`, with the kept TLS configuration.
+    let mut https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls::pki_types::ServerName::try_from(name.clone())
+            .map_err(|e| kube::Error::RustlsTls(kube::client::RustlsTlsError::InvalidServerName(e)))?;
+        https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let https = https.enable_http1().wrap_connector(http);
     let pool = hyper_util::client::legacy::Builder::new(hyper_util::rt::TokioExecutor::new())
         .pool_idle_timeout(SKR_IDLE_TIMEOUT)
         .pool_max_idle_per_host(1)
