@@ -205,7 +205,9 @@ impl Window {
         for (k, v) in &self.stats.requests {
             *by_verb.entry(k.split(' ').next().unwrap_or(k)).or_default() += v;
         }
-        by_verb.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+        let mut verbs: Vec<String> = by_verb.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        verbs.push(format!("TLS handshakes {} ({} resumed)", self.stats.handshakes, self.stats.resumed_handshakes));
+        verbs.join(", ")
     }
 }
 

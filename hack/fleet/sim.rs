@@ -123,6 +123,12 @@ pub struct SimStats {
     pub changed_writes: u64,
     /// Requests answered with an injected 500 or 503.
     pub injected_errors: u64,
+    /// TLS handshakes completed (every SKR shares the simulator's listener).
+    #[serde(default)]
+    pub handshakes: u64,
+    /// Of them, resumed sessions (no certificate sent or signed).
+    #[serde(default)]
+    pub resumed_handshakes: u64,
     /// Server-side time from request received to response ready, excluding injected latency,
     /// by the same key as `requests` (faulted requests are not measured; for a watch, the time
     /// to the response head).

@@ -128,6 +128,8 @@ impl Sim {
             writes: totals.writes,
             changed_writes: totals.changed_writes,
             injected_errors: totals.injected_errors,
+            handshakes: totals.handshakes,
+            resumed_handshakes: totals.resumed_handshakes,
             service_us: totals.service_us,
             per_skr,
         }

@@ -130,6 +130,8 @@ pub(super) struct Stats {
     writes: AtomicU64,
     changed_writes: AtomicU64,
     injected_errors: AtomicU64,
+    handshakes: AtomicU64,
+    resumed_handshakes: AtomicU64,
 }
 
 /// Totals read from [`Stats`].
@@ -139,6 +141,8 @@ pub(super) struct Totals {
     pub writes: u64,
     pub changed_writes: u64,
     pub injected_errors: u64,
+    pub handshakes: u64,
+    pub resumed_handshakes: u64,
     pub service_us: BTreeMap<String, Percentiles>,
 }
 
@@ -162,6 +166,8 @@ impl Default for Stats {
             writes: AtomicU64::new(0),
             changed_writes: AtomicU64::new(0),
             injected_errors: AtomicU64::new(0),
+            handshakes: AtomicU64::new(0),
+            resumed_handshakes: AtomicU64::new(0),
         }
     }
 }
@@ -195,9 +201,24 @@ impl Stats {
         self.injected_errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts one completed TLS handshake, and whether it resumed a session.
+    pub fn handshake(&self, resumed: bool) {
+        self.handshakes.fetch_add(1, Ordering::Relaxed);
+        if resumed {
+            self.resumed_handshakes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Zeroes every counter.
     pub fn reset(&self) {
-        for c in [&self.total, &self.writes, &self.changed_writes, &self.injected_errors] {
+        for c in [
+            &self.total,
+            &self.writes,
+            &self.changed_writes,
+            &self.injected_errors,
+            &self.handshakes,
+            &self.resumed_handshakes,
+        ] {
             c.store(0, Ordering::Relaxed);
         }
         for c in &self.requests {
@@ -229,6 +250,8 @@ impl Stats {
             writes: self.writes.load(Ordering::Relaxed),
             changed_writes: self.changed_writes.load(Ordering::Relaxed),
             injected_errors: self.injected_errors.load(Ordering::Relaxed),
+            handshakes: self.handshakes.load(Ordering::Relaxed),
+            resumed_handshakes: self.resumed_handshakes.load(Ordering::Relaxed),
             service_us,
         }
     }

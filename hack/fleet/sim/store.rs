@@ -136,6 +136,14 @@ impl ApiError {
 pub(super) struct Interner {
     values: Mutex<ValueTable>,
     strings: Mutex<HashSet<Arc<str>>>,
+    /// Stored content by the request that applied it ([`Interner::applied`]).
+    applied: Mutex<AppliedTable>,
+}
+
+#[derive(Default)]
+struct AppliedTable {
+    by_request: HashMap<u64, (usize, Weak<Value>)>,
+    inserts_since_sweep: usize,
 }
 
 #[derive(Default)]
@@ -170,6 +178,37 @@ impl Interner {
             table.inserts_since_sweep = 0;
         }
         shared
+    }
+
+    /// The key of an apply request of `body` to `res` `namespace/name`.
+    pub fn apply_key(res: Res, namespace: &str, name: &str, body: &[u8]) -> (u64, usize) {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&[u8::try_from(res.index()).unwrap_or(u8::MAX)]);
+        for part in [namespace.as_bytes(), b"\0", name.as_bytes(), b"\0", body] {
+            h.update(part);
+        }
+        (h.digest(), body.len())
+    }
+
+    /// The stored content an earlier apply request with this key produced, if some SKR
+    /// still holds it. A kube-apiserver parses and compares every apply; the simulator
+    /// answers for thousands of SKRs that are sent the same bytes, and spares itself the
+    /// parsing, hashing and comparing of ~30 KB per request, which on one machine would
+    /// take the CPU the replicas measured next to it need.
+    pub fn applied(&self, key: (u64, usize)) -> Option<Arc<Value>> {
+        let table = lock(&self.applied);
+        table.by_request.get(&key.0).filter(|(len, _)| *len == key.1).and_then(|(_, weak)| weak.upgrade())
+    }
+
+    /// Remembers that the apply request with `key` stored `content`.
+    pub fn remember_applied(&self, key: (u64, usize), content: &Arc<Value>) {
+        let mut table = lock(&self.applied);
+        table.by_request.insert(key.0, (key.1, Arc::downgrade(content)));
+        table.inserts_since_sweep += 1;
+        if table.inserts_since_sweep > SWEEP_EVERY.max(table.by_request.len()) {
+            table.by_request.retain(|_, (_, w)| w.strong_count() > 0);
+            table.inserts_since_sweep = 0;
+        }
     }
 
     /// The shared copy of a name (names and managers are few and small; kept forever).
@@ -267,6 +306,50 @@ pub(super) struct Write<'a> {
     pub now_ms: u64,
 }
 
+/// A write without its body.
+pub(super) struct WriteHead<'a> {
+    pub kind: WriteKind,
+    pub res: Res,
+    /// Namespace, `""` for cluster-scoped resources.
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub manager: &'a str,
+    pub now_ms: u64,
+}
+
+/// Written content: parsed from this request, or shared with earlier writes of the same body.
+enum Content {
+    Parsed(Value),
+    Shared(Arc<Value>),
+}
+
+impl Content {
+    /// Whether the stored `content` is this one.
+    fn is(&self, stored: &Arc<Value>) -> bool {
+        match self {
+            Content::Parsed(value) => **stored == *value,
+            Content::Shared(shared) => Arc::ptr_eq(shared, stored) || **stored == **shared,
+        }
+    }
+
+    fn interned(self, interner: &Interner) -> Arc<Value> {
+        match self {
+            Content::Parsed(value) => interner.intern(value),
+            Content::Shared(shared) => shared,
+        }
+    }
+}
+
+impl std::ops::Deref for Content {
+    type Target = Value;
+    fn deref(&self) -> &Value {
+        match self {
+            Content::Parsed(value) => value,
+            Content::Shared(shared) => shared,
+        }
+    }
+}
+
 /// What a write did.
 pub(super) struct Outcome {
     /// The stored object after the write.
@@ -333,14 +416,41 @@ impl Skr {
     /// # Errors
     /// The API error a kube-apiserver would answer with.
     pub fn write(&mut self, w: Write<'_>, interner: &Interner) -> Result<Outcome, ApiError> {
-        let (content, precondition) = normalize(w.res, w.namespace, w.name, w.body)?;
+        let Write { kind, res, namespace, name, body, manager, now_ms } = w;
+        let (content, precondition) = normalize(res, namespace, name, body)?;
+        let head = WriteHead { kind, res, namespace, name, manager, now_ms };
+        self.write_content(&head, Content::Parsed(content), precondition.as_deref(), interner)
+    }
+
+    /// Performs a server-side apply of content already normalized and interned: a body this
+    /// simulator was sent before, for the same object, without a resourceVersion (the same
+    /// serialized copy goes to thousands of SKRs; see [`Interner::applied`]).
+    ///
+    /// # Errors
+    /// The API error a kube-apiserver would answer with.
+    pub fn apply_shared(
+        &mut self,
+        head: &WriteHead<'_>,
+        content: Arc<Value>,
+        interner: &Interner,
+    ) -> Result<Outcome, ApiError> {
+        self.write_content(head, Content::Shared(content), None, interner)
+    }
+
+    fn write_content(
+        &mut self,
+        w: &WriteHead<'_>,
+        content: Content,
+        precondition: Option<&str>,
+        interner: &Interner,
+    ) -> Result<Outcome, ApiError> {
         let existing = self.get(w.res, w.namespace, w.name);
         match (w.kind, existing) {
             (WriteKind::Create, Some(_)) => return Err(ApiError::already_exists(w.res, w.name)),
             (WriteKind::Replace, None) => return Err(ApiError::not_found(w.res.plural(), w.name)),
             _ => {}
         }
-        if let Some(want) = &precondition
+        if let Some(want) = precondition
             && existing.is_none_or(|e| e.resource_version.to_string() != *want)
         {
             return Err(ApiError::conflict(w.res, w.name));
@@ -350,10 +460,16 @@ impl Skr {
         }
         let op = if w.kind == WriteKind::Apply { Op::Apply } else { Op::Update };
         let created_ms = existing.map_or(w.now_ms, |e| e.created_ms);
-        let since = existing.and_then(|e| condition_time(&e.content)).unwrap_or_else(|| rfc3339(created_ms));
-        let content = with_server_defaults(w.res, w.name, content, &since);
+        let content = match content {
+            Content::Parsed(value) => {
+                let since = existing.and_then(|e| condition_time(&e.content)).unwrap_or_else(|| rfc3339(created_ms));
+                Content::Parsed(with_server_defaults(w.res, w.name, value, &since))
+            }
+            // Only catalog objects are shared, and the server adds nothing to them.
+            shared @ Content::Shared(_) => shared,
+        };
 
-        let same_content = existing.is_some_and(|e| *e.content == content);
+        let same_content = existing.is_some_and(|e| content.is(&e.content));
         let has_manager = existing.is_some_and(|e| e.managers.iter().any(|m| &*m.name == w.manager && m.op == op));
         if let Some(e) = existing
             && same_content
@@ -364,7 +480,7 @@ impl Skr {
 
         let entry = match existing {
             Some(old) => {
-                let content = if same_content { old.content.clone() } else { interner.intern(content) };
+                let content = if same_content { old.content.clone() } else { content.interned(interner) };
                 let mut managers = old.managers.clone();
                 match managers.iter_mut().find(|m| &*m.name == w.manager && m.op == op) {
                     Some(m) => m.time_ms = w.now_ms,
@@ -388,7 +504,7 @@ impl Skr {
             }
             None => Entry {
                 res: w.res,
-                content: interner.intern(content),
+                content: content.interned(interner),
                 resource_version: 0,
                 uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
                 created_ms,
@@ -652,6 +768,36 @@ mod tests {
         let changed = apply(&mut a, &interner, mt("x", json!({"v": 2}))).unwrap();
         assert!(changed.changed && changed.entry.resource_version > first.entry.resource_version);
         assert_eq!(changed.entry.generation, 2);
+    }
+
+    #[test]
+    fn a_body_applied_before_is_stored_as_if_parsed_again() {
+        let interner = Interner::default();
+        let (mut a, mut b) = (skr_with_catalog(&interner), skr_with_catalog(&interner));
+        let body = mt("x", json!({"v": 1}));
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let key = Interner::apply_key(Res::ModuleTemplates, "kyma-system", "x", &bytes);
+        assert!(interner.applied(key).is_none());
+        let first = apply(&mut a, &interner, body).unwrap();
+        interner.remember_applied(key, &first.entry.content);
+        let head = WriteHead {
+            kind: WriteKind::Apply,
+            res: Res::ModuleTemplates,
+            namespace: "kyma-system",
+            name: "x",
+            manager: "m",
+            now_ms: 1,
+        };
+        let shared = interner.applied(key).expect("remembered while an SKR holds it");
+        let other = b.apply_shared(&head, Arc::clone(&shared), &interner).unwrap();
+        assert!(other.changed && other.created && Arc::ptr_eq(&other.entry.content, &first.entry.content));
+        let again = b.apply_shared(&head, shared, &interner).unwrap();
+        assert!(!again.changed, "a repeated apply is a no-op");
+        assert_eq!(again.entry.resource_version, other.entry.resource_version);
+        // Another name or namespace is another request.
+        assert!(interner.applied(Interner::apply_key(Res::ModuleTemplates, "kyma-system", "y", &bytes)).is_none());
+        drop((a, b, first, other, again));
+        assert!(interner.applied(key).is_none(), "forgotten once no SKR holds the content");
     }
 
     #[test]
