@@ -1,5 +1,6 @@
 //! Micro-benchmarks of the catalog path of one SKR: building the snapshot of a realistic catalog,
-//! the desired set of one Kyma, its fingerprint, and the plan for a warm and a cold SKR.
+//! the desired set of one Kyma, its fingerprint, the shared set of a Kyma's profile, and the plan
+//! for a warm and a cold SKR.
 //!
 //! Run with `cargo bench --bench desired_set`. See `docs/performance.md`.
 
@@ -11,7 +12,9 @@ mod support;
 use std::hint::black_box;
 use std::time::Duration;
 
-use catalogsync::catalog::{CatalogKind, DesiredSet, KindMemory, Observed, Plan, Snapshot, desired_set, plan};
+use catalogsync::catalog::{
+    CatalogKind, DesiredSet, DesiredSets, KindMemory, Observed, Plan, Snapshot, desired_set, plan,
+};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 use support::{SYNC_NAMESPACE, catalog, cold_skr, kyma_labels, restricted_modules, warm_skr};
@@ -57,6 +60,14 @@ fn bench_desired_set(c: &mut Criterion) {
     // What a replica does per owned Kyma when the catalog changes (`requeue_affected`).
     c.bench_function("desired_set_and_fingerprint/plain_kyma", |b| {
         b.iter(|| desired_set(black_box(&snapshot), black_box(&plain), &restricted).0.fingerprint());
+    });
+
+    // What a replica does per owned Kyma since desired sets are shared per profile: the
+    // Kyma's profile and a lookup (the set itself is computed once per profile and snapshot).
+    let shared = DesiredSets::default();
+    let _ = shared.get(&snapshot, &plain, &restricted);
+    c.bench_function("desired_shared/plain_kyma", |b| {
+        b.iter(|| shared.get(black_box(&snapshot), black_box(&plain), &restricted).fingerprint);
     });
 
     let mut group = c.benchmark_group("plan");
