@@ -396,7 +396,8 @@ async fn fleet(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -> Re
     bench.terminate_all().await?;
 
     for &replicas in args.replicas.iter().filter(|&&r| r != 3) {
-        let run = cold_run(&mut bench, args, replicas, "restart, SKRs full (cold sync)").await?;
+        let run =
+            cold_run(&mut bench, args, replicas, "restart, SKRs full (cold sync)", &format!("r{replicas}")).await?;
         push_row(&mut rollout_rows, "rollout", run.rollout);
         for row in run.props.rows {
             push_row(&mut prop_rows, "prop", row);
@@ -490,7 +491,8 @@ async fn propagation(args: &RunArgs, dir: &std::path::Path, report: &mut Report)
     let mut speed: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
     for (i, &replicas) in args.replicas.iter().enumerate() {
         let what = if i == 0 { "first start, SKRs empty" } else { "restart, SKRs full (cold sync)" };
-        let run = cold_run(&mut bench, args, replicas, what).await?;
+        // Each start marks its changes anew: a replica count may be given twice.
+        let run = cold_run(&mut bench, args, replicas, what, &format!("r{replicas}-{i}")).await?;
         push_row(&mut rollout_rows, "rollout", run.rollout);
         for row in run.props.rows {
             push_row(&mut prop_rows, "prop", row);
@@ -520,14 +522,14 @@ struct ColdRun {
 
 /// Starts `replicas` fresh replicas on the bench's Kymas, waits until every SKR synced, runs
 /// the propagation measurements, samples memory and stops the replicas; `what` describes the
-/// start in the rollout row.
-async fn cold_run(bench: &mut Bench, args: &RunArgs, replicas: usize, what: &str) -> Result<ColdRun> {
+/// start in the rollout row, `tag` names the marks of its changes (unique per start).
+async fn cold_run(bench: &mut Bench, args: &RunArgs, replicas: usize, what: &str, tag: &str) -> Result<ColdRun> {
     eprintln!("propagation with {replicas} replica(s): cold start");
     let ids = replica_ids(replicas, 10 * replicas);
     let cold = start_replicas(bench, &ids, &[], Duration::from_secs(900)).await?;
     let kymas = bench.kymas.len();
     let rollout = vec![kymas.to_string(), replicas.to_string(), f1(cold), what.into()];
-    let props = props(bench, args, replicas, &format!("r{replicas}")).await?;
+    let props = props(bench, args, replicas, tag).await?;
     let memory = memory_row(kymas, replicas, &bench.replica_samples());
     bench.terminate_all().await?;
     Ok(ColdRun { rollout, props, memory })
