@@ -125,8 +125,8 @@ pub struct SkrAccess {
     secret: String,
     config: kube::Config,
     connect_timeout: Duration,
-    /// Built at the first sync; `None` inside while it could not be built (the sync fails).
-    tls: std::sync::OnceLock<Option<rustls::ClientConfig>>,
+    /// Built at the first sync that could build it.
+    tls: std::sync::OnceLock<rustls::ClientConfig>,
 }
 
 impl SkrAccess {
@@ -167,13 +167,13 @@ impl SkrAccess {
             reason: format!("no client can be built from it: {e}"),
         };
         let tls = match self.tls.get() {
-            Some(Some(tls)) => tls.clone(),
-            Some(None) | None => {
+            Some(tls) => tls.clone(),
+            None => {
                 let tls = tls_config(&self.config).map_err(invalid)?;
                 // Only a configuration that depends on the Secret alone is kept: an exec
                 // plugin may hand out a new client certificate at any time.
                 if self.config.auth_info.exec.is_none() {
-                    let _ = self.tls.set(Some(tls.clone()));
+                    let _ = self.tls.set(tls.clone());
                 }
                 tls
             }
@@ -297,6 +297,29 @@ mod tests {
         assert!(matches!(secrets.find("k2", "kcp-system"), Err(Error::AccessSecretMissing { .. })));
         secrets.forget(&b);
         assert!(matches!(secrets.find("k2", "kcp-system"), Err(Error::AccessSecretMissing { .. })));
+    }
+
+    #[tokio::test]
+    async fn the_tls_configuration_is_built_once_and_kept() {
+        let timeouts = &AccessTimeouts {
+            user_agent: "catalogsync/test".into(),
+            connect: Duration::from_secs(1),
+            request: Duration::from_secs(1),
+        };
+        let kubeconfig = "apiVersion: v1\nkind: Config\ncurrent-context: skr\n\
+            clusters: [{name: skr, cluster: {server: 'https://skr.example:6443', insecure-skip-tls-verify: true}}]\n\
+            users: [{name: skr, user: {token: t}}]\n\
+            contexts: [{name: skr, context: {cluster: skr, user: skr}}]\n";
+        let secret = Secret {
+            metadata: ObjectMeta { name: Some("s".into()), ..ObjectMeta::default() },
+            data: Some([(KUBECONFIG_KEY.to_owned(), k8s_openapi::ByteString(kubeconfig.as_bytes().to_vec()))].into()),
+            ..Secret::default()
+        };
+        let access = SkrAccess::from_secret(&secret, timeouts).await.expect("a usable kubeconfig");
+        assert!(access.tls.get().is_none(), "nothing is built before the first sync");
+        access.client().expect("a client");
+        assert!(access.tls.get().is_some(), "the first client keeps its TLS configuration");
+        access.client().expect("a second client from the kept configuration");
     }
 
     #[tokio::test]
