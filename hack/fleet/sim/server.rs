@@ -20,7 +20,7 @@ use tokio_rustls::TlsAcceptor;
 use super::render::{Full as FullObject, List, Object, status, to_json, watch_event};
 use super::state::{SharedSkr, Sim, now_ms};
 use super::stats::Verb;
-use super::store::{ApiError, Entry, Interner, Res, Write, WriteHead, WriteKind, lock};
+use super::store::{ApiError, Entry, Interner, Res, WriteHead, WriteKind, lock};
 
 /// Response body: a whole JSON document, or a watch stream.
 type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -319,14 +319,18 @@ fn serve_skr(sim: &Sim, r: SkrRequest<'_>) -> Result<Response<Body>, ApiError> {
                 _ => WriteKind::Create,
             };
             // An apply of catalog content this simulator was sent before, byte for byte.
-            let shareable = verb == Verb::Apply && res.crd_name().is_some();
-            let key = target.name.filter(|_| shareable).map(|name| Interner::apply_key(res, namespace, name, &body));
-            let result = match key.and_then(|k| sim.interner.applied(k)).zip(target.name) {
-                Some((content, name)) => {
+            let key = match target.name {
+                Some(name) if verb == Verb::Apply && res.crd_name().is_some() => {
+                    Some(Interner::apply_key(res, namespace, name, &body))
+                }
+                _ => None,
+            };
+            let result = match (target.name, key.and_then(|k| sim.interner.applied(k))) {
+                (Some(name), Some(content)) => {
                     let head = WriteHead { kind, res, namespace, name, manager, now_ms: now_ms() };
                     skr.apply_shared(&head, content, &sim.interner)
                 }
-                None => {
+                _ => {
                     let body: Value = serde_json::from_slice(&body)
                         .map_err(|e| ApiError::bad_request(format!("failed to decode the body: {e}")))?;
                     let body_name = body.pointer("/metadata/name").and_then(Value::as_str).map(str::to_owned);
@@ -338,8 +342,8 @@ fn serve_skr(sim: &Sim, r: SkrRequest<'_>) -> Result<Response<Body>, ApiError> {
                         )
                     })?;
                     let unconditional = body.pointer("/metadata/resourceVersion").is_none();
-                    let write = Write { kind, res, namespace, name: &name, body, manager, now_ms: now_ms() };
-                    let result = skr.write(write, &sim.interner);
+                    let head = WriteHead { kind, res, namespace, name: &name, manager, now_ms: now_ms() };
+                    let result = skr.write(&head, body, &sim.interner);
                     if let (Some(key), Ok(outcome), true) = (key, &result, unconditional) {
                         sim.interner.remember_applied(key, &outcome.entry.content);
                     }

@@ -294,19 +294,7 @@ pub(super) enum WriteKind {
     Create,
 }
 
-/// One write request.
-pub(super) struct Write<'a> {
-    pub kind: WriteKind,
-    pub res: Res,
-    /// Namespace, `""` for cluster-scoped resources.
-    pub namespace: &'a str,
-    pub name: &'a str,
-    pub body: Value,
-    pub manager: &'a str,
-    pub now_ms: u64,
-}
-
-/// A write without its body.
+/// One write request, without its body.
 pub(super) struct WriteHead<'a> {
     pub kind: WriteKind,
     pub res: Res,
@@ -415,11 +403,9 @@ impl Skr {
     ///
     /// # Errors
     /// The API error a kube-apiserver would answer with.
-    pub fn write(&mut self, w: Write<'_>, interner: &Interner) -> Result<Outcome, ApiError> {
-        let Write { kind, res, namespace, name, body, manager, now_ms } = w;
-        let (content, precondition) = normalize(res, namespace, name, body)?;
-        let head = WriteHead { kind, res, namespace, name, manager, now_ms };
-        self.write_content(&head, Content::Parsed(content), precondition.as_deref(), interner)
+    pub fn write(&mut self, head: &WriteHead<'_>, body: Value, interner: &Interner) -> Result<Outcome, ApiError> {
+        let (content, precondition) = normalize(head.res, head.namespace, head.name, body)?;
+        self.write_content(head, Content::Parsed(content), precondition.as_deref(), interner)
     }
 
     /// Performs a server-side apply of content already normalized and interned: a body this
@@ -740,18 +726,15 @@ mod tests {
 
     fn apply(skr: &mut Skr, interner: &Interner, body: Value) -> Result<Outcome, ApiError> {
         let name = body["metadata"]["name"].as_str().unwrap().to_owned();
-        skr.write(
-            Write {
-                kind: WriteKind::Apply,
-                res: Res::ModuleTemplates,
-                namespace: "kyma-system",
-                name: &name,
-                body,
-                manager: "m",
-                now_ms: 1,
-            },
-            interner,
-        )
+        let head = WriteHead {
+            kind: WriteKind::Apply,
+            res: Res::ModuleTemplates,
+            namespace: "kyma-system",
+            name: &name,
+            manager: "m",
+            now_ms: 1,
+        };
+        skr.write(&head, body, interner)
     }
 
     #[test]
@@ -809,16 +792,15 @@ mod tests {
         let seed = SeedObject::new("catalog-sync", body.clone(), 1_000, &interner).unwrap();
         let mut skr = Skr::default();
         skr.seed(&seed, 90_000, &interner);
-        let write = Write {
+        let head = WriteHead {
             kind: WriteKind::Apply,
             res: Res::Crds,
             namespace: "",
             name: "moduletemplates.operator.kyma-project.io",
-            body,
             manager: "catalog-sync",
             now_ms: 200_000,
         };
-        let outcome = skr.write(write, &interner).unwrap();
+        let outcome = skr.write(&head, body, &interner).unwrap();
         assert!(!outcome.changed);
         assert_eq!(outcome.entry.content["status"]["acceptedNames"]["kind"], "ModuleTemplate");
     }
@@ -830,21 +812,15 @@ mod tests {
         assert!(!skr.serves(Res::ModuleTemplates));
         let mut skr2 = skr_with_catalog(&interner);
         assert!(skr2.serves(Res::ModuleTemplates) && !skr2.serves(Res::ModuleReleaseMetas));
-        let err = skr2
-            .write(
-                Write {
-                    kind: WriteKind::Apply,
-                    res: Res::ModuleTemplates,
-                    namespace: "other",
-                    name: "x",
-                    body: mt("x", json!({})),
-                    manager: "m",
-                    now_ms: 1,
-                },
-                &interner,
-            )
-            .err()
-            .unwrap();
+        let head = WriteHead {
+            kind: WriteKind::Apply,
+            res: Res::ModuleTemplates,
+            namespace: "other",
+            name: "x",
+            manager: "m",
+            now_ms: 1,
+        };
+        let err = skr2.write(&head, mt("x", json!({})), &interner).err().unwrap();
         assert_eq!(err.code, 404);
     }
 }
