@@ -167,15 +167,21 @@ fn desired_for(
                 continue;
             }
             (None, true) => continue,
-            (Some(Ok(_)), true) => match profile.selections.get(&mrm.name) {
-                Some(Ok(true)) => {}
-                // No entry: the selector is empty, which selects no Kyma.
-                Some(Ok(false)) | None => continue,
-                Some(Err(reason)) => {
-                    warnings.push(Warning::InvalidSelector { release_meta: mrm.name.clone(), reason: reason.clone() });
+            (Some(Ok(sel)), true) => {
+                // An empty selector selects no Kyma (and is not in the profile).
+                if selector::is_empty(sel) {
                     continue;
                 }
-            },
+                match profile.selections.get(&mrm.name) {
+                    Some(Ok(true)) => {}
+                    Some(Ok(false)) | None => continue,
+                    Some(Err(reason)) => {
+                        warnings
+                            .push(Warning::InvalidSelector { release_meta: mrm.name.clone(), reason: reason.clone() });
+                        continue;
+                    }
+                }
+            }
             (None, false) => {}
         }
 

@@ -41,9 +41,9 @@ impl PartialEq for CatalogState {
 }
 
 impl CatalogState {
-    /// A state of `snapshot` and `crds`.
-    pub fn new(snapshot: Snapshot, crds: SkrCrds, published: bool) -> Self {
-        Self { snapshot, crds, published, desired: Arc::default() }
+    /// A state built from fully listed stores: `snapshot` and `crds`.
+    pub fn published(snapshot: Snapshot, crds: SkrCrds) -> Self {
+        Self { snapshot, crds, published: true, desired: Arc::default() }
     }
 
     /// The desired set of a Kyma with `kyma_labels`, shared with every Kyma of the same
@@ -103,7 +103,7 @@ impl CatalogStores {
                 (name, crd)
             })
             .collect();
-        CatalogState::new(snapshot, SkrCrds::from_kcp(found), true)
+        CatalogState::published(snapshot, SkrCrds::from_kcp(found))
     }
 }
 
