@@ -8,7 +8,8 @@
 //! - [`skr`]: access Secrets and SKR clients;
 //! - [`sync`]: the controller, the catalog watcher and the executor;
 //! - [`sharding`]: the ownership gate;
-//! - [`app`], [`http`], [`metrics`], [`telemetry`], [`config`]: the process around them.
+//! - [`app`], [`http`], [`metrics`], [`telemetry`], [`config`]: the process around them;
+//! - [`text`]: untrusted text made safe to print.
 
 pub mod api;
 pub mod app;
@@ -23,3 +24,4 @@ pub mod sharding;
 pub mod skr;
 pub mod sync;
 pub mod telemetry;
+pub mod text;

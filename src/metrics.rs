@@ -180,6 +180,8 @@ pub struct CatalogMetrics {
     pub objects: IntGaugeVec,
     /// `catalogsync_catalog_malformed_objects{kind}`.
     pub malformed: IntGaugeVec,
+    /// `catalogsync_catalog_skipped_release_metas{reason}`.
+    pub skipped_release_metas: IntGaugeVec,
     /// `catalogsync_catalog_changes_total`.
     pub changes: IntCounter,
     /// `catalogsync_catalog_requeued_kymas_total`.
@@ -356,6 +358,12 @@ impl CatalogMetrics {
                 "KCP catalog objects left out because they do not parse, by kind.",
                 &["kind"],
             )?,
+            skipped_release_metas: gauge_vec(
+                r,
+                "catalogsync_catalog_skipped_release_metas",
+                "ModuleReleaseMetas of the KCP snapshot skipped for every Kyma because of their kymaSelector, by reason.",
+                &["reason"],
+            )?,
             changes: IntCounter::new(
                 "catalogsync_catalog_changes_total",
                 "Catalog snapshots rebuilt after KCP changes (after debouncing).",
@@ -392,6 +400,8 @@ mod known {
     pub const HANDOVER_OPS: &[&str] = &["claimed", "resumed", "drained", "released", "dropped"];
     /// `catalogsync_member_renewals_total` and `catalogsync_sync_runs_total` `result`.
     pub const RESULTS: &[&str] = &["success", "error"];
+    /// `catalogsync_catalog_skipped_release_metas` `reason`.
+    pub const SKIPPED_RELEASE_META_REASONS: &[&str] = &crate::catalog::Warning::REASONS;
 }
 
 impl Metrics {
@@ -422,6 +432,9 @@ impl Metrics {
             }
             catalog.objects.with_label_values(&[kind]);
             catalog.malformed.with_label_values(&[kind]);
+        }
+        for reason in SKIPPED_RELEASE_META_REASONS {
+            catalog.skipped_release_metas.with_label_values(&[reason]);
         }
         for status in CONDITION_STATUSES {
             sync.condition_writes.with_label_values(&[status]);

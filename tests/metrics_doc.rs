@@ -59,6 +59,7 @@ fn registered() -> BTreeMap<String, Registered> {
     touch(&skr.evictions);
     touch(&catalog.objects);
     touch(&catalog.malformed);
+    touch(&catalog.skipped_release_metas);
     touch(&shard.owned_clusters);
     touch(&shard.handovers);
     touch(&shard.renewals);

@@ -73,6 +73,77 @@ async fn new_kymas_get_their_filtered_catalog() {
     s.await_ready(PROMPT).await;
 }
 
+/// A module `name` at 1.0.0 on the regular channel whose MRM has `kymaSelector: selector`.
+fn selected_module(name: &str, selector: serde_json::Value) -> [serde_json::Value; 2] {
+    let mut release_meta = mrm(name, &[("regular", "1.0.0")]);
+    release_meta["spec"]["kymaSelector"] = selector;
+    [mt(name, "1.0.0"), release_meta]
+}
+
+#[tokio::test]
+async fn restricted_modules_with_invalid_selectors_reach_no_skr() {
+    use serde_json::json;
+    let env = common::env();
+    let mut s = Scenario::new("selectors").await.expect("scenario");
+    let long = "v".repeat(64);
+    // The CRD schema (deploy/crds) types kymaSelector as a LabelSelector without checking its
+    // keys and values, so the KCP stores these MRMs; Kubernetes' label selector validation
+    // (what lifecycle-manager applies) rejects them. Matched without validation, each would
+    // select both Kymas below: NotIn and DoesNotExist on a key no Kyma can carry are true for
+    // every Kyma, and In holds the Kymas' own value beside one that is too long.
+    let mut catalog = vec![mt("api-gateway", "2.10.0"), mrm("api-gateway", &[("regular", "2.10.0")])];
+    catalog.extend(selected_module("good-restricted", json!({"matchLabels": {"kyma-project.io/region": "eu"}})));
+    catalog.extend(selected_module(
+        "bad-key",
+        json!({"matchExpressions": [{"key": "not a valid key!", "operator": "NotIn", "values": ["x"]}]}),
+    ));
+    catalog.extend(selected_module(
+        "long-value",
+        json!({"matchExpressions": [{"key": "kyma-project.io/tier", "operator": "In", "values": ["gold", long]}]}),
+    ));
+    catalog.extend(selected_module(
+        "two-slashes",
+        json!({"matchExpressions": [{"key": "kyma-project.io/a/b", "operator": "DoesNotExist"}]}),
+    ));
+    s.apply_catalog(&catalog).await.expect("the KCP accepts MRMs with selectors Kubernetes would reject");
+    let labels = [("kyma-project.io/region", "eu"), ("kyma-project.io/tier", "gold")];
+    s.add_kyma("eu-gold-a", &env.skr_a, &labels).await.expect("kyma");
+    s.add_kyma("eu-gold-b", &env.skr_b, &labels).await.expect("kyma");
+    s.start(&["--restricted-modules", "good-restricted,bad-key,long-value,two-slashes"]).expect("start");
+
+    let (kymas, skrs) = (["eu-gold-a", "eu-gold-b"], [&env.skr_a, &env.skr_b]);
+    for (kyma, skr) in kymas.into_iter().zip(skrs) {
+        s.await_condition(kyma, "True", "CatalogSynced", PROMPT).await;
+        // The sync that set the condition wrote the whole desired set: what is there now is it.
+        assert_eq!(s.skr_names(skr, MRM).await, ["api-gateway", "good-restricted"].map(String::from).into());
+        assert_eq!(
+            s.skr_names(skr, MT).await,
+            ["api-gateway-2.10.0", "good-restricted-1.0.0"].map(String::from).into()
+        );
+    }
+    assert_eq!(s.metric("catalogsync_catalog_skipped_release_metas", &["reason=\"invalid_selector\""]).await, 3.0);
+    let log = s.log();
+    for module in ["bad-key", "long-value", "two-slashes"] {
+        assert!(
+            log.lines().any(|l| l.contains("its kymaSelector is invalid") && l.contains(module)),
+            "no WARN for {module}:\n{log}"
+        );
+    }
+
+    // Once its selector is valid, the same module reaches both SKRs: the selector kept it out.
+    s.apply_catalog(&selected_module(
+        "long-value",
+        json!({"matchExpressions": [{"key": "kyma-project.io/tier", "operator": "In", "values": ["gold"]}]}),
+    ))
+    .await
+    .expect("fix the selector");
+    for skr in skrs {
+        s.await_skr_names(skr, MRM, &["api-gateway", "good-restricted", "long-value"], PROMPT).await;
+        s.await_skr_names(skr, MT, &["api-gateway-2.10.0", "good-restricted-1.0.0", "long-value-1.0.0"], PROMPT).await;
+    }
+    assert_eq!(s.metric("catalogsync_catalog_skipped_release_metas", &["reason=\"invalid_selector\""]).await, 2.0);
+}
+
 use kube::ResourceExt as _;
 
 fn spec_of(obj: &kube::api::DynamicObject) -> serde_json::Value {

@@ -3,9 +3,11 @@
 //! 1. Mandatory MRMs and MTs are skipped.
 //! 2. An MT is allowed unless it is beta and the Kyma is not, or internal and the Kyma is not.
 //! 3. An MRM keeps a channel only if an allowed MT named `<moduleName>-<version>` exists.
-//! 4. A restricted module's MRM needs a non-empty `kymaSelector` that matches the Kyma; an MRM
-//!    with a selector whose module is not restricted, or whose selector does not parse, is
-//!    skipped with a warning.
+//! 4. A restricted module's MRM needs a non-empty `kymaSelector` that matches the Kyma. An MRM
+//!    whose selector does not parse or is not a valid Kubernetes label selector (validated once,
+//!    when the [`Snapshot`] is built) is skipped for every Kyma with a warning, whether its
+//!    module is restricted or not: a restricted module fails closed. An MRM with a valid
+//!    selector whose module is not restricted is skipped with a warning too.
 //! 5. An MRM with a surviving channel is desired, its `spec.channels` cut to the survivors.
 //! 6. The desired MTs are the allowed MTs referenced by a surviving channel.
 
@@ -16,7 +18,6 @@ use serde_json::Value;
 
 use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
 use crate::catalog::render::CopyDigest;
-use crate::catalog::selector;
 use crate::catalog::{CatalogKind, CopyBody, Snapshot, serialize_copy};
 
 /// One object an SKR should hold.
@@ -82,26 +83,39 @@ pub enum Warning {
         /// MRM name.
         release_meta: String,
     },
-    /// An MRM's `kymaSelector` does not parse.
+    /// An MRM's `kymaSelector` does not parse or is not a valid Kubernetes label selector.
     InvalidSelector {
         /// MRM name.
         release_meta: String,
-        /// Why.
+        /// Why (bounded in length).
         reason: String,
     },
 }
 
+impl Warning {
+    /// Every [`Warning::reason`], for pre-created metric series.
+    pub const REASONS: [&'static str; 2] = ["invalid_selector", "selector_on_unrestricted_module"];
+
+    /// The kind of warning, as a bounded metric label value.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Warning::InvalidSelector { .. } => "invalid_selector",
+            Warning::SelectorOnUnrestrictedModule { .. } => "selector_on_unrestricted_module",
+        }
+    }
+}
+
 /// What of a Kyma the filter reads: its beta and internal flags and, for each restricted
-/// module's MRM with a non-empty `kymaSelector`, whether the selector matches it (or why it
-/// cannot be evaluated). The desired set is a function of the catalog and the profile alone,
-/// so Kymas with equal profiles (nearly all of a fleet: a handful of profiles for thousands
-/// of Kymas) share one desired set ([`DesiredSets`]).
+/// module's MRM with a valid, non-empty `kymaSelector`, whether the selector matches it (an
+/// invalid one is never evaluated). The desired set is a function of the catalog and the
+/// profile alone, so Kymas with equal profiles (nearly all of a fleet: a handful of profiles
+/// for thousands of Kymas) share one desired set ([`DesiredSets`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Profile {
     beta: bool,
     internal: bool,
     /// By MRM name.
-    selections: BTreeMap<String, Result<bool, String>>,
+    selections: BTreeMap<String, bool>,
 }
 
 impl Profile {
@@ -116,9 +130,7 @@ impl Profile {
             .values()
             .filter(|mrm| !mrm.mandatory && restricted_modules.contains(&mrm.module_name))
             .filter_map(|mrm| match &mrm.kyma_selector {
-                Some(Ok(sel)) if !selector::is_empty(sel) => {
-                    Some((mrm.name.clone(), selector::matches(sel, kyma_labels).map_err(|e| e.to_string())))
-                }
+                Some(Ok(sel)) if !sel.is_empty() => Some((mrm.name.clone(), sel.matches(kyma_labels))),
                 _ => None,
             })
             .collect();
@@ -158,6 +170,7 @@ fn desired_for(
         }
         let restricted = restricted_modules.contains(&mrm.module_name);
         match (&mrm.kyma_selector, restricted) {
+            // Checked first: an invalid selector never reaches a match (fail closed).
             (Some(Err(reason)), _) => {
                 warnings.push(Warning::InvalidSelector { release_meta: mrm.name.clone(), reason: reason.clone() });
                 continue;
@@ -169,17 +182,11 @@ fn desired_for(
             (None, true) => continue,
             (Some(Ok(sel)), true) => {
                 // An empty selector selects no Kyma (and is not in the profile).
-                if selector::is_empty(sel) {
+                if sel.is_empty() {
                     continue;
                 }
-                match profile.selections.get(&mrm.name) {
-                    Some(Ok(true)) => {}
-                    Some(Ok(false)) | None => continue,
-                    Some(Err(reason)) => {
-                        warnings
-                            .push(Warning::InvalidSelector { release_meta: mrm.name.clone(), reason: reason.clone() });
-                        continue;
-                    }
+                if profile.selections.get(&mrm.name) != Some(&true) {
+                    continue;
                 }
             }
             (None, false) => {}

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
 use crate::catalog::render::{CopyDigest, render_copy};
+use crate::catalog::selector::{self, KymaSelector};
 use crate::catalog::{CatalogKind, CopyBody, serialize_copy};
 
 /// A ModuleTemplate, reduced to what the filter needs, plus its rendered SKR copy.
@@ -56,8 +57,9 @@ pub struct MrmView {
     pub channels: Vec<ChannelVersion>,
     /// `spec.mandatory` is set.
     pub mandatory: bool,
-    /// `spec.kymaSelector`, or the reason it does not parse.
-    pub kyma_selector: Option<Result<LabelSelector, String>>,
+    /// `spec.kymaSelector`, validated as Kubernetes validates label selectors, or the reason
+    /// it does not parse or is invalid (bounded in length).
+    pub kyma_selector: Option<Result<KymaSelector, String>>,
     /// The SKR copy with every channel (small: the desired set cuts channels out of it).
     pub payload: Arc<Value>,
     /// What decides whether an SKR object holds the copy with every channel.
@@ -154,6 +156,19 @@ fn spec_of<T: for<'de> Deserialize<'de>>(obj: &DynamicObject) -> Result<T, Strin
     T::deserialize(spec).map_err(|e| format!("spec does not parse: {e}"))
 }
 
+/// Longest reason kept for a `kymaSelector` that does not parse: serde's message may quote
+/// what the KCP object holds.
+const SELECTOR_REASON_CHARS: usize = 256;
+
+/// Parses and validates a `kymaSelector` once, so that per-Kyma matching only ever sees valid
+/// selectors.
+fn kyma_selector_of(raw: &Value) -> Result<KymaSelector, String> {
+    let parsed = LabelSelector::deserialize(raw).map_err(|e| {
+        format!("kymaSelector does not parse: {}", crate::text::bounded(&e.to_string(), SELECTOR_REASON_CHARS))
+    })?;
+    KymaSelector::parse(&parsed).map_err(|e| format!("kymaSelector is invalid: {e}"))
+}
+
 impl MtView {
     /// Reads a KCP ModuleTemplate.
     ///
@@ -184,15 +199,13 @@ impl MrmView {
     ///
     /// # Errors
     /// Returns a human-readable reason when the object has no name or its spec does not parse.
-    /// A `kymaSelector` that does not parse is not an error here: the desired set skips
-    /// that MRM with a warning.
+    /// A `kymaSelector` that does not parse, or is not a valid Kubernetes label selector, is
+    /// not an error here: it is kept as the reason, and the desired set skips that MRM for
+    /// every Kyma with a warning.
     pub fn from_object(obj: &DynamicObject, sync_namespace: &str) -> Result<MrmView, String> {
         let name = obj.metadata.name.clone().ok_or_else(|| "has no name".to_owned())?;
         let spec: MrmSpecView = spec_of(obj)?;
-        let kyma_selector = spec
-            .kyma_selector
-            .filter(|v| !v.is_null())
-            .map(|v| LabelSelector::deserialize(v).map_err(|e| format!("kymaSelector does not parse: {e}")));
+        let kyma_selector = spec.kyma_selector.filter(|v| !v.is_null()).map(|v| kyma_selector_of(&v));
         let payload = render_copy(obj, CatalogKind::ModuleReleaseMeta, sync_namespace);
         let (body, hash) = serialize_copy(&payload);
         Ok(MrmView {

@@ -235,15 +235,20 @@ fn record_catalog(ctx: &Context, state: &CatalogState) {
     for bad in &snap.malformed {
         warn!(kind = bad.kind.as_str(), name = %bad.name, reason = %bad.reason, "Skipping malformed catalog object");
     }
-    // Selector warnings do not depend on the Kyma, so one evaluation reports them all.
+    // Selector warnings do not depend on the Kyma (an invalid selector is never matched), so
+    // one evaluation reports them all.
     let unlabelled = state.desired(&BTreeMap::new(), &ctx.settings.restricted_modules);
+    for reason in Warning::REASONS {
+        let n = unlabelled.warnings.iter().filter(|w| w.reason() == reason).count();
+        m.skipped_release_metas.with_label_values(&[reason]).set(n as i64);
+    }
     for w in &unlabelled.warnings {
         match w {
             Warning::SelectorOnUnrestrictedModule { release_meta } => {
                 warn!(%release_meta, "Skipping ModuleReleaseMeta: it has a kymaSelector but its module is not restricted");
             }
             Warning::InvalidSelector { release_meta, reason } => {
-                warn!(%release_meta, %reason, "Skipping ModuleReleaseMeta: its kymaSelector does not parse");
+                warn!(%release_meta, %reason, "Skipping ModuleReleaseMeta: its kymaSelector is invalid");
             }
         }
     }

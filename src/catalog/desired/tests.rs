@@ -537,6 +537,98 @@ fn selector_on_an_unrestricted_module_is_skipped_with_a_warning() {
     assert_eq!(names(&set.templates), ["keda-1.0.0"]);
 }
 
+/// Selectors that Kubernetes rejects, each with Kyma labels that a matcher skipping
+/// validation would take as a match.
+fn invalid_selectors() -> Vec<(&'static str, LabelSelector, BTreeMap<String, String>)> {
+    let long = "v".repeat(64);
+    vec![
+        ("NotIn on an invalid key", match_expression("not a valid key!", "NotIn", &["x"]), kyma_labels(&[])),
+        (
+            "In with a 64-character value",
+            match_expression("kyma-project.io/region", "In", &[long.as_str()]),
+            kyma_labels(&[("kyma-project.io/region", long.as_str())]),
+        ),
+        ("matchLabels with an invalid key", match_labels(&[("bad key!", "eu")]), kyma_labels(&[("bad key!", "eu")])),
+        (
+            "matchLabels with an upper-case prefix",
+            match_labels(&[("Kyma-Project.io/region", "eu")]),
+            kyma_labels(&[("Kyma-Project.io/region", "eu")]),
+        ),
+        (
+            "DoesNotExist on a key with two slashes",
+            match_expression("kyma-project.io/a/b", "DoesNotExist", &[]),
+            kyma_labels(&[]),
+        ),
+    ]
+}
+
+#[test]
+fn restricted_module_with_an_invalid_selector_is_desired_for_no_kyma() {
+    for (case, sel, would_match) in invalid_selectors() {
+        let (mts, mrms) = catalog_with(MrmBuilder::new("sap-btp").selector(sel));
+        let snap = snapshot(&mts, &mrms);
+        assert!(snap.malformed.is_empty(), "{case}: an invalid selector does not make the MRM malformed");
+        let reason = match &snap.release_metas["sap-btp"].kyma_selector {
+            Some(Err(reason)) => reason.clone(),
+            other => panic!("{case}: the snapshot holds {other:?}, not the reason"),
+        };
+        assert!(reason.starts_with("kymaSelector is invalid: "), "{case}: {reason}");
+        let sets = DesiredSets::default();
+        for labels in [would_match, kyma_flags(true, true), kyma_labels(&[("kyma-project.io/region", "eu")])] {
+            let (set, warnings) = desired_set(&snap, &labels, &restricted(&["sap-btp"]));
+            assert_eq!(
+                warnings,
+                vec![Warning::InvalidSelector { release_meta: "sap-btp".to_owned(), reason: reason.clone() }],
+                "{case}, labels {labels:?}"
+            );
+            assert_eq!(names(&set.release_metas), ["keda"], "{case}, labels {labels:?}");
+            assert_eq!(names(&set.templates), ["keda-1.0.0"], "{case}, labels {labels:?}");
+            let shared = sets.get(&snap, &labels, &restricted(&["sap-btp"]));
+            assert_eq!(shared.set, set, "{case}, labels {labels:?}");
+            assert_eq!(shared.warnings, warnings, "{case}, labels {labels:?}");
+        }
+    }
+}
+
+#[test]
+fn unrestricted_module_with_an_invalid_selector_is_skipped_with_a_warning_as_before() {
+    for (case, sel, would_match) in invalid_selectors() {
+        let (mts, mrms) = catalog_with(MrmBuilder::new("sap-btp").selector(sel));
+        let (set, warnings) = desired_set(&snapshot(&mts, &mrms), &would_match, &no_restrictions());
+        assert_eq!(warnings.len(), 1, "{case}: {warnings:?}");
+        assert_eq!(warnings[0].reason(), "invalid_selector", "{case}: {warnings:?}");
+        assert_eq!(names(&set.release_metas), ["keda"], "{case}");
+        assert_eq!(names(&set.templates), ["keda-1.0.0"], "{case}");
+    }
+}
+
+#[test]
+fn an_invalid_selector_does_not_hide_a_valid_one_of_another_module() {
+    let mts = [MtBuilder::new("good", "1.0.0").build(), MtBuilder::new("bad", "1.0.0").build()];
+    let mrms = [
+        MrmBuilder::new("good").channel("regular", "1.0.0").selector(match_labels(&[("tier", "gold")])).build(),
+        MrmBuilder::new("bad")
+            .channel("regular", "1.0.0")
+            .selector(match_expression("not a valid key!", "NotIn", &["x"]))
+            .build(),
+    ];
+    let (set, warnings) =
+        desired_set(&snapshot(&mts, &mrms), &kyma_labels(&[("tier", "gold")]), &restricted(&["good", "bad"]));
+    assert_eq!(names(&set.release_metas), ["good"]);
+    assert_eq!(names(&set.templates), ["good-1.0.0"]);
+    assert_eq!(warnings.iter().map(Warning::reason).collect::<Vec<_>>(), ["invalid_selector"]);
+}
+
+#[test]
+fn warning_reasons_are_the_listed_ones() {
+    let warnings = [
+        Warning::InvalidSelector { release_meta: "a".to_owned(), reason: "r".to_owned() },
+        Warning::SelectorOnUnrestrictedModule { release_meta: "a".to_owned() },
+    ];
+    let reasons: Vec<&str> = warnings.iter().map(Warning::reason).collect();
+    assert_eq!(reasons, Warning::REASONS);
+}
+
 #[test]
 fn restricted_module_still_obeys_beta_and_internal_gates() {
     let mts = [MtBuilder::new("sap-btp", "1.0.0").beta().build()];
@@ -621,6 +713,8 @@ enum GenSelector {
     RegionIn,
     BadOperator,
     NotASelector,
+    /// Parses, but Kubernetes rejects it: `NotIn` on a key that is not a qualified name.
+    InvalidKey,
 }
 
 #[derive(Debug, Clone)]
@@ -666,6 +760,7 @@ fn gen_selector() -> impl Strategy<Value = Option<GenSelector>> {
         1 => Just(Some(GenSelector::RegionIn)),
         1 => Just(Some(GenSelector::BadOperator)),
         1 => Just(Some(GenSelector::NotASelector)),
+        1 => Just(Some(GenSelector::InvalidKey)),
     ]
 }
 
@@ -762,6 +857,9 @@ impl GenCatalog {
                         b.selector(match_expression("kyma-project.io/region", "Like", &["eu"]))
                     }
                     Some(GenSelector::NotASelector) => b.raw_selector(json!({"matchLabels": ["eu"]})),
+                    Some(GenSelector::InvalidKey) => {
+                        b.selector(match_expression("kyma project.io/region", "NotIn", &["eu"]))
+                    }
                 };
                 b.build()
             })
@@ -924,6 +1022,25 @@ proptest! {
             let wide = channels_of(&both, name);
             for c in channels_of(&plain, name) {
                 prop_assert!(wide.contains(&c), "channel {:?} of {} missing", c, name);
+            }
+        }
+    }
+
+    #[test]
+    fn modules_whose_selector_is_invalid_are_never_desired(
+        catalog in gen_catalog(true),
+        labels in gen_kyma_labels(),
+    ) {
+        let (mts, mrms) = catalog.objects();
+        let snap = snapshot(&mts, &mrms);
+        let (set, warnings) = desired_set(&snap, &labels, &catalog.restricted());
+        for mrm in snap.release_metas.values() {
+            if matches!(mrm.kyma_selector, Some(Err(_))) && !mrm.mandatory {
+                prop_assert!(!set.release_metas.contains_key(&mrm.name), "{} is desired", mrm.name);
+                prop_assert!(
+                    warnings.iter().any(|w| matches!(w, Warning::InvalidSelector { release_meta, .. } if *release_meta == mrm.name)),
+                    "no warning for {}", mrm.name
+                );
             }
         }
     }
