@@ -232,7 +232,7 @@ impl ControlPlane {
     /// token from the TokenRequest API, as a kubelet hands one to a pod); the user entry is
     /// named `user`.
     pub fn kubeconfig_yaml_with_token(&self, user: &str, token: &str) -> String {
-        self.kubeconfig_yaml_with(user, &format!("    token: {}", quoted(token)))
+        self.kubeconfig_yaml_with(user, &token_credentials(token))
     }
 
     fn kubeconfig_yaml_for(&self, user: &str, cert: &CertKey) -> String {
@@ -245,31 +245,7 @@ impl ControlPlane {
     }
 
     fn kubeconfig_yaml_with(&self, user: &str, credentials: &str) -> String {
-        let q = quoted;
-        format!(
-            "apiVersion: v1
-kind: Config
-clusters:
-- name: {name}
-  cluster:
-    server: {url}
-    certificate-authority-data: {ca}
-users:
-- name: {user}
-  user:
-{credentials}
-contexts:
-- name: {name}
-  context:
-    cluster: {name}
-    user: {user}
-current-context: {name}
-",
-            name = q(&self.name),
-            url = q(&self.url()),
-            ca = base64(self.pki.ca_pem.as_bytes()),
-            user = q(user),
-        )
+        render_kubeconfig(&self.name, &self.url(), &self.pki.ca_pem, user, credentials)
     }
 
     /// The audit events so far.
@@ -351,6 +327,44 @@ pub async fn client_from_kubeconfig_yaml(yaml: &str) -> Result<Client> {
         .await
         .context("failed to load a kubeconfig")?;
     Client::try_from(config).context("failed to build a client")
+}
+
+/// A kubeconfig with one cluster and one context, both named `name`, and one user named
+/// `user`: the cluster is `server`, trusting the CA `ca_pem` (embedded as
+/// `certificate-authority-data`); `credentials` are the user's fields, each line indented by
+/// four spaces (see [`token_credentials`]).
+pub fn render_kubeconfig(name: &str, server: &str, ca_pem: &str, user: &str, credentials: &str) -> String {
+    let q = quoted;
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: {name}
+  cluster:
+    server: {url}
+    certificate-authority-data: {ca}
+users:
+- name: {user}
+  user:
+{credentials}
+contexts:
+- name: {name}
+  context:
+    cluster: {name}
+    user: {user}
+current-context: {name}
+",
+        name = q(name),
+        url = q(server),
+        ca = base64(ca_pem.as_bytes()),
+        user = q(user),
+    )
+}
+
+/// The user fields of a kubeconfig that authenticates with bearer `token`, for
+/// [`render_kubeconfig`].
+pub fn token_credentials(token: &str) -> String {
+    format!("    token: {}", quoted(token))
 }
 
 /// `s` as a double-quoted YAML (JSON) string.

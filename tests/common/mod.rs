@@ -30,6 +30,7 @@ pub mod controlplane;
 pub mod docs;
 pub mod etcd;
 pub mod fleet;
+pub mod hostile;
 pub mod invariants;
 pub mod kubelet;
 pub mod kustomize;

@@ -57,29 +57,37 @@ impl Pki {
         let ca_cert = params.self_signed(&ca_key).context("failed to self-sign the CA")?;
         let ca = Issuer::new(params, ca_key);
 
-        let serving = {
-            let key = KeyPair::generate().context("failed to generate the serving key")?;
-            let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-                .context("failed to build the serving certificate parameters")?;
-            params.distinguished_name = DistinguishedName::new();
-            params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
-            params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            let cert = params.signed_by(&key, &ca).context("failed to sign the serving certificate")?;
-            CertKey { cert_pem: cert.pem(), key_pem: key.serialize_pem() }
-        };
         let sa = KeyPair::generate().context("failed to generate the service-account key")?;
+        let empty = CertKey { cert_pem: String::new(), key_pem: String::new() };
         let mut pki = Self {
             ca_pem: ca_cert.pem(),
             ca_der: ca_cert.der().to_vec(),
             ca,
-            serving,
-            admin: CertKey { cert_pem: String::new(), key_pem: String::new() },
+            serving: empty.clone(),
+            admin: empty,
             sa_private_pem: sa.serialize_pem(),
             sa_public_pem: sa.public_key_pem(),
         };
+        pki.serving = pki.issue_serving(&["127.0.0.1", "localhost"])?;
         pki.admin = pki.issue_client("admin", &["system:masters"])?;
         Ok(pki)
+    }
+
+    /// Issues a serving certificate (CN `kube-apiserver`) for `names`: IP addresses (such as
+    /// `127.0.0.2`) become IP SANs, anything else DNS SANs.
+    ///
+    /// # Errors
+    /// Fails when a name is not a valid SAN or rcgen fails to sign.
+    pub fn issue_serving(&self, names: &[&str]) -> Result<CertKey> {
+        let key = KeyPair::generate().context("failed to generate the serving key")?;
+        let mut params = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+            .context("failed to build the serving certificate parameters")?;
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.signed_by(&key, &self.ca).context("failed to sign the serving certificate")?;
+        Ok(CertKey { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
 
     /// Issues a client certificate for `user` (CN) in `groups` (one O each).

@@ -296,6 +296,25 @@ pub fn free_port() -> Result<u16> {
     Ok(listener.local_addr().context("failed to read a bound address")?.port())
 }
 
+/// Resident memory of process `pid` in KiB: `(VmRSS, VmHWM)` (now and peak) from
+/// `/proc/<pid>/status`.
+///
+/// # Errors
+/// Fails when the file cannot be read (e.g. the process is gone) or lacks either field.
+pub fn rss_kib(pid: u32) -> Result<(u64, u64)> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("failed to read {path}"))?;
+    let field = |name: &str| -> Result<u64> {
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .with_context(|| format!("no {name} in {path}"))?;
+        let kib = line.trim().trim_end_matches("kB").trim();
+        kib.parse().with_context(|| format!("failed to parse {name} {line:?} in {path}"))
+    };
+    Ok((field("VmRSS")?, field("VmHWM")?))
+}
+
 /// The repository root (where Cargo.toml is).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
