@@ -23,8 +23,19 @@ const KCP_NAMESPACE: &str = "kcp-system";
 /// catalogsync's HTTP address (metrics and probes).
 const HTTP_ADDR: &str = "127.0.0.1:8080";
 /// The catalogsync command line. Kept in one place: the flags are still settling.
-const CATALOGSYNC_ARGS: &[&str] =
-    &["run", "--kcp-namespace", KCP_NAMESPACE, "--http-addr", HTTP_ADDR, "--resync-period", "60s"];
+/// The local SKRs listen on loopback, which the default `--skr-allowed-destinations`
+/// (`public`) refuses.
+const CATALOGSYNC_ARGS: &[&str] = &[
+    "run",
+    "--kcp-namespace",
+    KCP_NAMESPACE,
+    "--http-addr",
+    HTTP_ADDR,
+    "--resync-period",
+    "60s",
+    "--skr-allowed-destinations",
+    "127.0.0.0/8",
+];
 /// Marker file that identifies a directory `local-up` may wipe.
 const MARKER: &str = ".catalogsync-local-up";
 /// How long catalogsync gets to shut down after SIGTERM.

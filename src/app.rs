@@ -1,6 +1,7 @@
 //! Wiring: builds the KCP client, caches, metrics, the controller, the catalog loop and the
 //! HTTP server; runs and supervises them; owns the shutdown order.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
@@ -27,7 +28,9 @@ use crate::sharding::ShardView;
 use crate::sharding::agent::{Agent, ShardsDebug};
 use crate::sharding::coordinator::Coordinator;
 use crate::sharding::{Timing, membership};
-use crate::skr::{AccessSecrets, AccessTimeouts, SkrPool};
+use crate::skr::destination::Destinations;
+use crate::skr::kubeconfig::InsecureTls;
+use crate::skr::{AccessSecrets, AccessSettings, SkrPool};
 use crate::sync::catalog::{CatalogState, run_catalog_loop, watch_catalog};
 use crate::sync::reconciler::{self, Book, Context, Settings};
 
@@ -62,10 +65,28 @@ pub enum AppError {
 /// Returns an [`AppError`] when start-up fails or an essential task dies.
 pub async fn run(args: RunArgs) -> Result<(), AppError> {
     args.validate().map_err(AppError::Config)?;
-    let kcp = Client::try_default().await.map_err(AppError::KcpClient)?;
+    let config = kube::Config::infer().await.map_err(|e| AppError::KcpClient(kube::Error::InferConfig(e)))?;
+    let kcp_addrs = kcp_addresses(&config.cluster_url).await;
+    let kcp = Client::try_from(config).map_err(AppError::KcpClient)?;
     let shutdown = CancellationToken::new();
     tokio::spawn(signal_handler(shutdown.clone()));
-    run_with(kcp, args, shutdown).await
+    run_with(kcp, kcp_addrs, args, shutdown).await
+}
+
+/// The addresses of the KCP apiserver, which no SKR kubeconfig may name: an access Secret
+/// must not make a replica send requests, with an SKR's credentials, to its own KCP.
+async fn kcp_addresses(url: &::http::Uri) -> Vec<SocketAddr> {
+    let Some(host) = url.host() else { return Vec::new() };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = url.port_u16().unwrap_or(443);
+    let lookup = tokio::net::lookup_host((host, port));
+    match tokio::time::timeout(SKR_CONNECT_TIMEOUT, lookup).await {
+        Ok(Ok(addrs)) => addrs.collect(),
+        _ => {
+            warn!("Failed to resolve the KCP apiserver's address; only --skr-allowed-destinations keeps SKRs off it");
+            Vec::new()
+        }
+    }
 }
 
 async fn signal_handler(token: CancellationToken) {
@@ -94,7 +115,12 @@ async fn signal_handler(token: CancellationToken) {
 ///
 /// # Errors
 /// Returns an [`AppError`] when start-up fails or an essential task dies.
-pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -> Result<(), AppError> {
+pub async fn run_with(
+    kcp: Client,
+    kcp_addrs: Vec<SocketAddr>,
+    args: RunArgs,
+    shutdown: CancellationToken,
+) -> Result<(), AppError> {
     let metrics = Metrics::new().map_err(AppError::Metrics)?;
     let ns = args.kcp_namespace.clone();
     let settings = Settings {
@@ -121,7 +147,7 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     )
     .default_backoff()
     .modify(move |s| {
-        s.metadata.managed_fields = None;
+        trim_secret(s);
         // Indexed before the cache holds it; see `AccessSecrets`.
         noted.note(s);
     })
@@ -167,16 +193,7 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     let shards = ShardView::new(args.shards);
     let ctx = Arc::new(Context {
         kcp: kcp.clone(),
-        pool: SkrPool::new(
-            kcp.clone(),
-            ns.clone(),
-            AccessTimeouts {
-                user_agent: format!("catalogsync/{} ({})", env!("CARGO_PKG_VERSION"), args.identity),
-                connect: SKR_CONNECT_TIMEOUT,
-                request: args.skr_request_timeout,
-            },
-            metrics.skr.clone(),
-        ),
+        pool: SkrPool::new(kcp.clone(), ns.clone(), access_settings(&args, kcp_addrs, &metrics), metrics.skr.clone()),
         settings,
         full_lists: tokio::sync::Semaphore::new(args.full_list_concurrency),
         metrics: metrics.clone(),
@@ -375,6 +392,45 @@ pub async fn run_with(kcp: Client, args: RunArgs, shutdown: CancellationToken) -
     }
 }
 
+/// Keeps of an access Secret's metadata only what is read: name, namespace, labels, uid and
+/// resourceVersion. Annotations go: after a client-side `kubectl apply` they hold the whole
+/// Secret, kubeconfig included (`last-applied-configuration`).
+fn trim_secret(secret: &mut PartialObjectMeta<Secret>) {
+    let meta = std::mem::take(&mut secret.metadata);
+    secret.metadata = kube::api::ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        labels: meta.labels,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        ..kube::api::ObjectMeta::default()
+    };
+}
+
+/// How SKR clients are built, from the flags.
+fn access_settings(args: &RunArgs, kcp_addrs: Vec<SocketAddr>, metrics: &Metrics) -> AccessSettings {
+    let destinations = Destinations::new(args.skr_allowed_destinations.clone()).deny(kcp_addrs);
+    let insecure_tls = if args.allow_insecure_skr_tls {
+        warn!("--allow-insecure-skr-tls is on: SKR kubeconfigs may switch TLS verification off; never in production");
+        metrics.skr.insecure_tls_allowed.set(1);
+        InsecureTls::Allow
+    } else {
+        InsecureTls::Refuse
+    };
+    info!(
+        destinations = %args.skr_allowed_destinations.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+        max_response_bytes = args.skr_max_response_size,
+        "SKR access rules"
+    );
+    AccessSettings {
+        user_agent: format!("catalogsync/{} ({})", env!("CARGO_PKG_VERSION"), args.identity),
+        connect: SKR_CONNECT_TIMEOUT,
+        destinations: Arc::new(destinations),
+        insecure_tls,
+        max_response: args.skr_max_response_size,
+    }
+}
+
 /// Waits until a store finished its first list. A store's readiness signal wakes only its
 /// most recent waiter, and the controller waits on the same stores, so poll it again
 /// periodically rather than sleeping on it.
@@ -394,4 +450,36 @@ where
 /// A stream over an mpsc receiver.
 fn receiver_stream<T: Send + 'static>(rx: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> + Send + 'static {
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_secret_cache_keeps_no_annotations() {
+        let mut secret: PartialObjectMeta<Secret> = PartialObjectMeta {
+            types: None,
+            metadata: kube::api::ObjectMeta {
+                name: Some("s".into()),
+                namespace: Some("kcp-system".into()),
+                labels: Some([(KYMA_NAME_LABEL.to_owned(), "k".to_owned())].into()),
+                uid: Some("u".into()),
+                resource_version: Some("7".into()),
+                annotations: Some(
+                    [("kubectl.kubernetes.io/last-applied-configuration".to_owned(), "{\"data\":{}}".to_owned())]
+                        .into(),
+                ),
+                managed_fields: Some(vec![Default::default()]),
+                ..Default::default()
+            },
+            _phantom: std::marker::PhantomData,
+        };
+        trim_secret(&mut secret);
+        let m = &secret.metadata;
+        assert_eq!((m.name.as_deref(), m.namespace.as_deref()), (Some("s"), Some("kcp-system")));
+        assert_eq!((m.uid.as_deref(), m.resource_version.as_deref()), (Some("u"), Some("7")));
+        assert!(m.labels.is_some());
+        assert!(m.annotations.is_none() && m.managed_fields.is_none());
+    }
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::skr::destination::Rule;
+
 /// catalogsync syncs Kyma's module catalog (ModuleTemplates and ModuleReleaseMetas) from the
 /// KCP to every SKR, keeps it in sync on create, update and delete, and repairs drift.
 #[derive(Debug, Parser)]
@@ -121,6 +123,32 @@ pub struct RunArgs {
     #[arg(long, env = "CATALOGSYNC_BACKOFF_MAX", default_value = "5m", value_parser = parse_duration, help_heading = "Sync")]
     pub backoff_max: Duration,
 
+    /// Where SKR apiservers may be, comma-separated: `public` (any public IP address), CIDRs
+    /// (`10.250.0.0/16`), DNS suffixes (`.example.com`). A kubeconfig whose server is, or
+    /// resolves to, anything else is rejected (AccessSecretInvalid). The KCP apiserver is
+    /// never allowed. A name under a listed suffix may resolve to private addresses, never
+    /// to loopback or link-local ones unless a listed CIDR covers them.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_SKR_ALLOWED_DESTINATIONS",
+        value_delimiter = ',',
+        default_value = "public",
+        help_heading = "SKR access"
+    )]
+    pub skr_allowed_destinations: Vec<Rule>,
+
+    /// Accept `insecure-skip-tls-verify: true` in SKR kubeconfigs. For local development
+    /// only: the SKR's identity is then not verified. Reported by the metric
+    /// catalogsync_skr_insecure_tls_allowed.
+    #[arg(long, env = "CATALOGSYNC_ALLOW_INSECURE_SKR_TLS", help_heading = "SKR access")]
+    pub allow_insecure_skr_tls: bool,
+
+    /// Largest SKR answer read, in bytes (suffixes Ki, Mi, Gi). A larger one fails that
+    /// sync (SkrResponseTooLarge) after at most this much was read. Lists are read in pages
+    /// of 50 copies, so this bounds one page.
+    #[arg(long, env = "CATALOGSYNC_SKR_MAX_RESPONSE_SIZE", default_value = "8Mi", value_parser = parse_size, help_heading = "SKR access")]
+    pub skr_max_response_size: usize,
+
     /// Number of shards the SKR set is split into. Every replica must use the same value.
     #[arg(long, env = "CATALOGSYNC_SHARDS", default_value = "64", value_parser = clap::value_parser!(u32).range(1..=4096), help_heading = "Sharding")]
     pub shards: u32,
@@ -230,6 +258,29 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// Parses sizes such as `8Mi`, `512Ki`, `1Gi` or `1048576` (bytes).
+///
+/// # Errors
+/// Returns a message when the text is not such a size.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let err = || format!("invalid size {text:?}: use bytes or a number with Ki, Mi or Gi, such as 8Mi");
+    let text = text.trim();
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let value: usize = text[..digits].parse().map_err(|_| err())?;
+    let unit = match &text[digits..] {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => return Err(err()),
+    };
+    let size = value.checked_mul(unit).ok_or_else(err)?;
+    if size < 64 * 1024 {
+        return Err(format!("invalid size {text:?}: at least 64Ki (an SKR's error answers are read up to 64Ki)"));
+    }
+    Ok(size)
+}
+
 /// Parses durations such as `500ms`, `10s`, `5m`, `1h` or `1m30s`.
 ///
 /// # Errors
@@ -293,11 +344,25 @@ mod tests {
     }
 
     #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("8Mi"), Ok(8 << 20));
+        assert_eq!(parse_size("512Ki"), Ok(512 << 10));
+        assert_eq!(parse_size("1Gi"), Ok(1 << 30));
+        assert_eq!(parse_size("100000"), Ok(100_000));
+        for bad in ["", "8MB", "Mi", "-1Mi", "1Ki", "99999999999999999999Gi"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn defaults_validate() {
         let cli = Cli::try_parse_from(["catalogsync", "run"]).expect("defaults parse");
         let Command::Run(args) = cli.command else { unreachable!("run was given") };
         assert_eq!(args.validate(), Ok(()));
         assert!(args.restricted_set().is_empty());
         assert_eq!(args.resync_period, Duration::from_secs(600));
+        assert_eq!(args.skr_allowed_destinations, [Rule::Public]);
+        assert!(!args.allow_insecure_skr_tls);
+        assert_eq!(args.skr_max_response_size, 8 << 20);
     }
 }

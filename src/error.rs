@@ -2,6 +2,8 @@
 //! bounded metric label.
 
 use crate::catalog::CatalogKind;
+use crate::skr::kubeconfig::KubeconfigProblem;
+use crate::skr::request::is_too_large;
 
 /// Why a sync of one SKR failed. Each variant names the operation that failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,13 +37,21 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
-    /// The access Secret has no usable kubeconfig.
-    #[error("access secret {name} holds no usable kubeconfig in data key \"config\": {reason}")]
+    /// The access Secret holds no kubeconfig that catalogsync accepts (see
+    /// [`crate::skr::kubeconfig`]), or its server is not an allowed destination.
+    #[error("access secret {name} holds no acceptable kubeconfig: {problem}")]
     AccessSecretInvalid {
         /// Secret name.
         name: String,
-        /// What is wrong with it.
-        reason: String,
+        /// What is wrong with it, naming fields, never quoting values.
+        problem: KubeconfigProblem,
+    },
+    /// The SKR server's name did not resolve.
+    #[error("failed to resolve the SKR server's name")]
+    ResolveSkr {
+        /// Cause.
+        #[source]
+        source: std::io::Error,
     },
     /// Checking or writing the SKR's namespace failed.
     #[error("failed to ensure namespace {namespace} in the SKR")]
@@ -109,12 +119,31 @@ pub enum Error {
     WriteCondition(#[source] Box<kube::Error>),
 }
 
+/// Longest `ModuleCatalog` condition message, in characters.
+pub const MAX_CONDITION_MESSAGE: usize = 1024;
+
 /// Result alias of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One cause of an error, for a human: an API error as the answer it was, not kube's
+/// `ApiError: .. (Status { .. })` debug text.
+fn describe(cause: &(dyn std::error::Error + 'static)) -> String {
+    match cause.downcast_ref::<kube::Error>() {
+        Some(kube::Error::Api(status)) if status.reason.is_empty() => {
+            format!("the server answered {}: {}", status.code, status.message)
+        }
+        Some(kube::Error::Api(status)) => {
+            format!("the server answered {} {}: {}", status.code, status.reason, status.message)
+        }
+        Some(kube::Error::Service(inner)) => inner.to_string(),
+        _ => cause.to_string(),
+    }
+}
 
 /// What an SKR API error says about the SKR, independent of the operation.
 fn skr_api_reason(err: &kube::Error) -> Option<&'static str> {
     match err {
+        err if is_too_large(err) => Some("SkrResponseTooLarge"),
         kube::Error::Api(status) if status.code == 401 => Some("SkrUnauthorized"),
         kube::Error::Api(status) if status.code == 403 => Some("SkrForbidden"),
         kube::Error::Api(_) | kube::Error::SerdeError(_) => None,
@@ -132,6 +161,7 @@ impl Error {
             Error::AccessSecretAmbiguous { .. } => "AccessSecretAmbiguous",
             Error::ReadAccessSecret { .. } => "AccessSecretUnreadable",
             Error::AccessSecretInvalid { .. } => "AccessSecretInvalid",
+            Error::ResolveSkr { .. } => "SkrUnreachable",
             Error::EnsureSkrNamespace { source, .. } | Error::EnsureSkrCrd { source, .. } => {
                 skr_api_reason(source).unwrap_or("CrdSyncFailed")
             }
@@ -161,18 +191,26 @@ impl Error {
                 | "SkrUnauthorized"
                 | "SkrForbidden"
                 | "SkrUnreachable"
+                | "SkrResponseTooLarge"
         )
     }
 
-    /// The message of the `ModuleCatalog` condition: this error and its causes.
+    /// The message of the `ModuleCatalog` condition (and its Event): this error and its
+    /// causes, at most [`MAX_CONDITION_MESSAGE`] characters, without control characters.
+    /// SKR-sent text in the causes is already cut short where it entered
+    /// ([`crate::skr::request`]); nothing of an access Secret is ever in it.
     pub fn condition_message(&self) -> String {
         let mut msg = self.to_string();
         let mut cause = std::error::Error::source(self);
         while let Some(c) = cause {
-            msg.push_str(": ");
-            msg.push_str(&c.to_string());
+            let text = describe(c);
+            // kube's errors repeat their source in their own text; say each thing once.
+            if !msg.contains(&text) {
+                msg.push_str(": ");
+                msg.push_str(&text);
+            }
             cause = c.source();
         }
-        msg.chars().take(1024).collect()
+        crate::text::bounded(&msg, MAX_CONDITION_MESSAGE)
     }
 }

@@ -171,6 +171,8 @@ pub struct SkrClientMetrics {
     pub clients: IntGauge,
     /// `catalogsync_skr_client_evictions_total{reason}`.
     pub evictions: IntCounterVec,
+    /// `catalogsync_skr_insecure_tls_allowed`.
+    pub insecure_tls_allowed: IntGauge,
 }
 
 /// Metrics of the KCP catalog.
@@ -324,6 +326,11 @@ impl SkrClientMetrics {
                 "catalogsync_skr_client_evictions_total",
                 "Cached SKR accesses dropped, by reason (secret_changed, error, released).",
                 &["reason"],
+            )?,
+            insecure_tls_allowed: gauge(
+                r,
+                "catalogsync_skr_insecure_tls_allowed",
+                "1 while --allow-insecure-skr-tls lets SKR kubeconfigs switch TLS verification off (local development only), else 0.",
             )?,
         })
     }

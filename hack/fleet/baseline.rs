@@ -36,7 +36,8 @@ use catalogsync::api::{
     KYMA_NAME_LABEL, Kyma, ModuleReleaseMeta, ModuleTemplate, SKIP_RECONCILIATION_LABEL, SKR_FIELD_MANAGER, is_flag_on,
 };
 use catalogsync::catalog::{CatalogKind, DesiredObject, Snapshot, desired_set};
-use catalogsync::skr::access::{AccessTimeouts, SkrAccess, find_access_secret};
+use catalogsync::skr::access::{AccessSettings, SkrAccess, find_access_secret};
+use catalogsync::skr::destination::Destinations;
 use futures::{StreamExt, future};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams};
@@ -529,6 +530,9 @@ where
 // Reconcile
 // ---------------------------------------------------------------------------------------
 
+/// Where the simulated SKRs are.
+const LOOPBACK: &str = "127.0.0.0/8";
+
 /// Settings of every pass.
 struct Settings {
     sync_namespace: String,
@@ -536,7 +540,7 @@ struct Settings {
     period: Duration,
     backoff_min: Duration,
     backoff_max: Duration,
-    timeouts: AccessTimeouts,
+    access: AccessSettings,
     request_timeout: Duration,
     skr_qps: f64,
     skr_burst: u32,
@@ -609,10 +613,10 @@ impl Ctx {
                 period: args.period,
                 backoff_min: args.failure_base_delay,
                 backoff_max: args.failure_max_delay,
-                timeouts: AccessTimeouts {
-                    user_agent: format!("klm-baseline/{}", env!("CARGO_PKG_VERSION")),
-                    connect: args.request_timeout,
-                    request: args.request_timeout,
+                access: AccessSettings {
+                    // The simulated SKRs listen on loopback.
+                    destinations: Arc::new(Destinations::new(vec![LOOPBACK.parse().expect("a CIDR")])),
+                    ..AccessSettings::new(format!("klm-baseline/{}", env!("CARGO_PKG_VERSION")), args.request_timeout)
                 },
                 request_timeout: args.request_timeout,
                 skr_qps: args.skr_qps,
@@ -732,9 +736,8 @@ impl Ctx {
         let client = match cached {
             Some(client) => client,
             None => {
-                let access =
-                    SkrAccess::from_secret(&secret, &self.settings.timeouts).await.map_err(PassError::Access)?;
-                let client = access.client().map_err(PassError::Access)?;
+                let access = SkrAccess::from_secret(&secret, &self.settings.access).map_err(PassError::Access)?;
+                let client = access.client().await.map_err(PassError::Access)?.kube().clone();
                 if self.settings.skr_keep_connections {
                     lock(&self.skrs).insert(key, (version.clone(), client.clone()));
                 }

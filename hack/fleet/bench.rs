@@ -473,6 +473,9 @@ current-context: skr
             identity,
             "--log-filter",
             "info,kube_leader_election=warn",
+            // The simulated SKRs listen on loopback.
+            "--skr-allowed-destinations",
+            "127.0.0.0/8",
         ]
         .iter()
         .map(|s| (*s).to_owned())

@@ -3,29 +3,57 @@
 //! key `config`; zero or several such Secrets are an error for that Kyma only).
 
 use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::PartialObjectMeta;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{ObjectRef, Store};
+use secrecy::SecretString;
 
 use crate::api::{KUBECONFIG_KEY, KYMA_NAME_LABEL};
 use crate::error::{Error, Result};
+use crate::skr::destination::Destinations;
+use crate::skr::kubeconfig::{self, Credentials, InsecureTls, KubeconfigProblem, ServerHost, SkrKubeconfig};
+use crate::skr::request::SkrClient;
 
-/// Settings applied to every SKR client.
+/// How every SKR client is built.
 #[derive(Debug, Clone)]
-pub struct AccessTimeouts {
+pub struct AccessSettings {
     /// User-Agent of every request, `catalogsync/<version> (<replica>)`, so SKR audit logs
     /// tell replicas apart.
     pub user_agent: String,
-    /// TCP and TLS connect timeout.
+    /// TCP and TLS connect timeout; also bounds the DNS lookup of the server name.
     pub connect: Duration,
-    /// Read and write timeout of one request.
-    pub request: Duration,
+    /// Where SKR servers may be (`--skr-allowed-destinations`).
+    pub destinations: Arc<Destinations>,
+    /// Whether `insecure-skip-tls-verify` is accepted (`--allow-insecure-skr-tls`).
+    pub insecure_tls: InsecureTls,
+    /// Largest SKR answer in bytes (`--skr-max-response-size`).
+    pub max_response: usize,
 }
+
+impl AccessSettings {
+    /// Settings with the defaults of `catalogsync run`: public destinations, TLS verified,
+    /// answers up to [`DEFAULT_MAX_RESPONSE`].
+    pub fn new(user_agent: impl Into<String>, connect: Duration) -> Self {
+        Self {
+            user_agent: user_agent.into(),
+            connect,
+            destinations: Arc::new(Destinations::default()),
+            insecure_tls: InsecureTls::Refuse,
+            max_response: DEFAULT_MAX_RESPONSE,
+        }
+    }
+}
+
+/// Default of `--skr-max-response-size`: lists are read in pages of at most
+/// [`crate::sync::executor::FULL_LIST_PAGE`] copies, so this fits a page of 50
+/// ModuleTemplates of 160 KB each (real ones are 3-50 KB), and a CRD of the catalog kinds
+/// (about 100 KB) 80 times over.
+pub const DEFAULT_MAX_RESPONSE: usize = 8 * 1024 * 1024;
 
 /// Picks the one access Secret of `kyma` among the Secret metadata of its namespace.
 ///
@@ -113,8 +141,8 @@ impl AccessSecrets {
     }
 }
 
-/// What a replica keeps of one SKR's access between syncs: the kubeconfig of its access
-/// Secret, parsed (a few KB), and its TLS client configuration with room for the SKR's
+/// What a replica keeps of one SKR's access between syncs: the accepted kubeconfig as a
+/// client configuration (a few KB), and its TLS client configuration with room for the SKR's
 /// session tickets (a few KB). A [`Client`], with its connection pool and connection, is built
 /// for each sync and dropped with it, so thousands of idle SKRs hold no connections or client
 /// stacks (about 100 KB per SKR when clients were kept). The kept TLS configuration lets the
@@ -123,63 +151,112 @@ impl AccessSecrets {
 #[derive(Clone)]
 pub struct SkrAccess {
     secret: String,
+    kubeconfig: SkrKubeconfig,
     config: kube::Config,
-    connect_timeout: Duration,
+    settings: AccessSettings,
     /// Built at the first sync that could build it.
     tls: std::sync::OnceLock<rustls::ClientConfig>,
 }
 
 impl SkrAccess {
-    /// Reads the `config` key of an access Secret. Whether a client can be built from it
-    /// shows in [`SkrAccess::client`], at the sync that needs one.
+    /// Reads the `config` key of an access Secret through the kubeconfig allowlist
+    /// ([`crate::skr::kubeconfig`]). Nothing is read, run or contacted here.
     ///
     /// # Errors
-    /// [`Error::AccessSecretInvalid`] when the key is missing, is not a kubeconfig, or names
-    /// no usable cluster and credentials.
-    pub async fn from_secret(secret: &Secret, timeouts: &AccessTimeouts) -> Result<Self> {
+    /// [`Error::AccessSecretInvalid`] when the key is missing or the kubeconfig is not
+    /// accepted; its message names the field, never a value.
+    pub fn from_secret(secret: &Secret, settings: &AccessSettings) -> Result<Self> {
         let name = secret.metadata.name.clone().unwrap_or_default();
-        let invalid = |reason: String| Error::AccessSecretInvalid { name: name.clone(), reason };
+        let invalid = |problem| Error::AccessSecretInvalid { name: name.clone(), problem };
         let bytes = secret
             .data
             .as_ref()
             .and_then(|d| d.get(KUBECONFIG_KEY))
-            .ok_or_else(|| invalid("the key is missing".into()))?;
-        let text = std::str::from_utf8(&bytes.0).map_err(|_| invalid("the kubeconfig is not UTF-8".into()))?;
-        let kubeconfig =
-            Kubeconfig::from_yaml(text).map_err(|e| invalid(format!("the kubeconfig does not parse: {e}")))?;
-        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .map_err(|e| invalid(format!("the kubeconfig is not usable: {e}")))?;
-        if let Ok(agent) = http::HeaderValue::from_str(&timeouts.user_agent) {
-            config.headers.push((http::header::USER_AGENT, agent));
-        }
-        Ok(Self { secret: name, config, connect_timeout: timeouts.connect, tls: std::sync::OnceLock::new() })
+            .ok_or_else(|| invalid(KubeconfigProblem::MissingKey))?;
+        let kubeconfig = kubeconfig::parse(&bytes.0, settings.insecure_tls).map_err(invalid)?;
+        let config = client_config(&kubeconfig, settings);
+        Ok(Self { secret: name, kubeconfig, config, settings: settings.clone(), tls: std::sync::OnceLock::new() })
     }
 
-    /// A client for one sync.
+    /// The addresses of the SKR's server that `--skr-allowed-destinations` allows: an IP
+    /// server as it is, a name resolved now (bounded by the connect timeout). The client of
+    /// this sync connects to exactly these.
     ///
     /// # Errors
-    /// [`Error::AccessSecretInvalid`] when no client can be built from the kubeconfig (for
-    /// example unreadable certificate data); the failed sync drops the cached access.
-    pub fn client(&self) -> Result<Client> {
-        let invalid = |e: kube::Error| Error::AccessSecretInvalid {
-            name: self.secret.clone(),
-            reason: format!("no client can be built from it: {e}"),
+    /// [`Error::AccessSecretInvalid`] when any address is not allowed,
+    /// [`Error::ResolveSkr`] when the name does not resolve.
+    pub async fn addresses(&self) -> Result<Vec<SocketAddr>> {
+        let kc = &self.kubeconfig;
+        let (addrs, trusted, is_or_resolves) = match &kc.host {
+            ServerHost::Ip(ip) => (vec![SocketAddr::new(*ip, kc.port)], false, "is"),
+            ServerHost::Name(name) => {
+                let lookup = tokio::net::lookup_host((name.as_str(), kc.port));
+                let addrs: Vec<SocketAddr> = match tokio::time::timeout(self.settings.connect, lookup).await {
+                    Ok(Ok(addrs)) => addrs.collect(),
+                    Ok(Err(source)) => return Err(Error::ResolveSkr { source }),
+                    Err(_) => {
+                        let source = std::io::Error::new(std::io::ErrorKind::TimedOut, "the DNS lookup timed out");
+                        return Err(Error::ResolveSkr { source });
+                    }
+                };
+                if addrs.is_empty() {
+                    let source = std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address");
+                    return Err(Error::ResolveSkr { source });
+                }
+                (addrs, self.settings.destinations.trusts_name(name), "resolves to")
+            }
         };
+        for addr in &addrs {
+            if let Err(refusal) = self.settings.destinations.check(*addr, trusted) {
+                return Err(Error::AccessSecretInvalid {
+                    name: self.secret.clone(),
+                    problem: KubeconfigProblem::Destination { field: kc.server_field.clone(), is_or_resolves, refusal },
+                });
+            }
+        }
+        Ok(addrs)
+    }
+
+    /// A client for one sync, connecting only to the allowed addresses of the server.
+    ///
+    /// # Errors
+    /// As [`SkrAccess::addresses`]; [`Error::AccessSecretInvalid`] when no TLS client can
+    /// be built from the certificate data.
+    pub async fn client(&self) -> Result<SkrClient> {
+        let addrs = self.addresses().await?;
+        let invalid = || Error::AccessSecretInvalid { name: self.secret.clone(), problem: KubeconfigProblem::Tls };
         let tls = match self.tls.get() {
             Some(tls) => tls.clone(),
             None => {
-                let tls = tls_config(&self.config).map_err(invalid)?;
-                // Only a configuration that depends on the Secret alone is kept: an exec
-                // plugin may hand out a new client certificate at any time.
-                if self.config.auth_info.exec.is_none() {
-                    let _ = self.tls.set(tls.clone());
-                }
+                let tls = tls_config(&self.config).map_err(|_| invalid())?;
+                let _ = self.tls.set(tls.clone());
                 tls
             }
         };
-        build_client(&self.config, tls, self.connect_timeout).map_err(invalid)
+        let client = build_client(&self.config, tls, addrs, &self.settings).map_err(|_| invalid())?;
+        Ok(SkrClient::new(client, self.settings.max_response))
     }
+}
+
+/// kube's client configuration from an accepted kubeconfig: only the fields the allowlist
+/// let through are set, so kube's client never reads a file or runs a command for it.
+fn client_config(kc: &SkrKubeconfig, settings: &AccessSettings) -> kube::Config {
+    let mut config = kube::Config::new(kc.server.clone());
+    config.root_cert = kc.roots.clone();
+    config.accept_invalid_certs = kc.insecure;
+    config.tls_server_name = kc.tls_server_name.clone();
+    config.connect_timeout = Some(settings.connect);
+    match &kc.credentials {
+        Credentials::Token(token) => config.auth_info.token = Some(SecretString::from(token.clone())),
+        Credentials::Certificate { certificate, key } => {
+            config.auth_info.client_certificate_data = Some(certificate.clone());
+            config.auth_info.client_key_data = Some(SecretString::from(key.clone()));
+        }
+    }
+    if let Ok(agent) = http::HeaderValue::from_str(&settings.user_agent) {
+        config.headers.push((http::header::USER_AGENT, agent));
+    }
+    config
 }
 
 /// The TLS client configuration of an SKR, as kube builds it (trust anchors, client
@@ -200,22 +277,43 @@ const SESSIONS_PER_SKR: usize = 2;
 /// client lives for one sync, whose requests follow each other within milliseconds).
 pub const SKR_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A resolver that answers every name with the addresses checked for this sync.
+#[derive(Clone)]
+struct Pinned(Vec<SocketAddr>);
+
+impl tower::Service<hyper_util::client::legacy::connect::dns::Name> for Pinned {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<std::result::Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<std::result::Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
+        std::future::ready(Ok(self.0.clone().into_iter()))
+    }
+}
+
 /// Builds an SKR client: kube's stack (base URI, retries, credentials, headers) over a
-/// connection pool that keeps at most one idle connection per SKR. kube's default client
-/// would open up to `--skr-concurrency` connections per SKR and keep them all.
+/// connection pool that keeps at most one idle connection per SKR (kube's default client
+/// would open up to `--skr-concurrency` connections per SKR and keep them all), connects
+/// over `https://` only, to `addrs` only, and caps every answer's body at
+/// `--skr-max-response-size` (see [`crate::skr::request`]).
 fn build_client(
     config: &kube::Config,
     tls: rustls::ClientConfig,
-    connect_timeout: Duration,
+    addrs: Vec<SocketAddr>,
+    settings: &AccessSettings,
 ) -> std::result::Result<Client, kube::Error> {
     use kube::client::ConfigExt as _;
     use tower::ServiceBuilder;
 
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new_with_resolver(Pinned(addrs));
     http.enforce_http(false);
-    http.set_connect_timeout(Some(connect_timeout));
+    http.set_connect_timeout(Some(settings.connect));
     // As kube's `rustls_https_connector_with_connector`, with the kept TLS configuration.
-    let mut https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
+    let mut https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_only();
     if let Some(name) = &config.tls_server_name {
         let name = rustls::pki_types::ServerName::try_from(name.clone())
             .map_err(|e| kube::Error::RustlsTls(kube::client::RustlsTlsError::InvalidServerName(e)))?;
@@ -226,6 +324,7 @@ fn build_client(
         .pool_idle_timeout(SKR_IDLE_TIMEOUT)
         .pool_max_idle_per_host(1)
         .build(https);
+    let max_response = settings.max_response;
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         // As kube's default client: 429, 503 and 504 are retried (an SKR answers 429 while the
@@ -234,6 +333,9 @@ fn build_client(
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(tower::BoxError::from)
+        .map_response(move |response: http::Response<hyper::body::Incoming>| {
+            response.map(|body| http_body_util::Limited::new(body, max_response))
+        })
         .service(pool);
     Ok(Client::new(service, config.default_namespace.clone()))
 }
@@ -299,53 +401,67 @@ mod tests {
         assert!(matches!(secrets.find("k2", "kcp-system"), Err(Error::AccessSecretMissing { .. })));
     }
 
-    #[tokio::test]
-    async fn the_tls_configuration_is_built_once_and_kept() {
-        let timeouts = &AccessTimeouts {
-            user_agent: "catalogsync/test".into(),
-            connect: Duration::from_secs(1),
-            request: Duration::from_secs(1),
-        };
-        let kubeconfig = "apiVersion: v1\nkind: Config\ncurrent-context: skr\n\
-            clusters: [{name: skr, cluster: {server: 'https://skr.example:6443', insecure-skip-tls-verify: true}}]\n\
-            users: [{name: skr, user: {token: t}}]\n\
-            contexts: [{name: skr, context: {cluster: skr, user: skr}}]\n";
-        let secret = Secret {
+    fn settings() -> AccessSettings {
+        let mut settings = AccessSettings::new("catalogsync/test", Duration::from_secs(1));
+        settings.destinations = Arc::new(Destinations::new(vec!["127.0.0.1/32".parse().expect("a rule")]));
+        settings
+    }
+
+    fn secret_with(kubeconfig: &str) -> Secret {
+        Secret {
             metadata: ObjectMeta { name: Some("s".into()), ..ObjectMeta::default() },
             data: Some([(KUBECONFIG_KEY.to_owned(), k8s_openapi::ByteString(kubeconfig.as_bytes().to_vec()))].into()),
             ..Secret::default()
-        };
-        let access = SkrAccess::from_secret(&secret, timeouts).await.expect("a usable kubeconfig");
+        }
+    }
+
+    fn kubeconfig(server: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: skr\n\
+            clusters: [{{name: skr, cluster: {{server: '{server}'}}}}]\n\
+            users: [{{name: skr, user: {{token: t}}}}]\n\
+            contexts: [{{name: skr, context: {{cluster: skr, user: skr}}}}]\n"
+        )
+    }
+
+    #[tokio::test]
+    async fn the_tls_configuration_is_built_once_and_kept() {
+        // Building a client connects nowhere: the first request would.
+        let access = SkrAccess::from_secret(&secret_with(&kubeconfig("https://127.0.0.1:1")), &settings())
+            .expect("an accepted kubeconfig");
         assert!(access.tls.get().is_none(), "nothing is built before the first sync");
-        access.client().expect("a client");
+        access.client().await.expect("a client");
         assert!(access.tls.get().is_some(), "the first client keeps its TLS configuration");
-        access.client().expect("a second client from the kept configuration");
+        access.client().await.expect("a second client from the kept configuration");
+    }
+
+    #[tokio::test]
+    async fn servers_outside_the_allowed_destinations_get_no_client() {
+        let access = SkrAccess::from_secret(&secret_with(&kubeconfig("https://127.0.0.2:6443")), &settings())
+            .expect("the kubeconfig itself is fine");
+        let err = access.client().await.err().expect("127.0.0.2 is not allowed");
+        assert_eq!(
+            err.to_string(),
+            "access secret s holds no acceptable kubeconfig: clusters[0].cluster.server is a loopback address, \
+             which --skr-allowed-destinations does not allow"
+        );
+        assert!(access.tls.get().is_none(), "refused before anything was built");
     }
 
     #[tokio::test]
     async fn malformed_kubeconfig_is_invalid_not_a_crash() {
-        let timeouts = &AccessTimeouts {
-            user_agent: "catalogsync/test".into(),
-            connect: Duration::from_secs(1),
-            request: Duration::from_secs(1),
-        };
         let mut s =
             Secret { metadata: ObjectMeta { name: Some("s".into()), ..ObjectMeta::default() }, ..Secret::default() };
-        assert!(matches!(
-            SkrAccess::from_secret(&s, timeouts).await.map(|_| ()),
-            Err(Error::AccessSecretInvalid { .. })
-        ));
+        let problem = |s: &Secret| match SkrAccess::from_secret(s, &settings()) {
+            Err(Error::AccessSecretInvalid { problem, .. }) => problem,
+            other => panic!("not AccessSecretInvalid: {:?}", other.map(|_| ())),
+        };
+        assert_eq!(problem(&s), KubeconfigProblem::MissingKey);
         s.data = Some([(KUBECONFIG_KEY.to_owned(), k8s_openapi::ByteString(b"{not: [yaml".to_vec()))].into());
-        assert!(matches!(
-            SkrAccess::from_secret(&s, timeouts).await.map(|_| ()),
-            Err(Error::AccessSecretInvalid { .. })
-        ));
+        assert!(matches!(problem(&s), KubeconfigProblem::NotYaml { .. }));
         s.data = Some(
             [(KUBECONFIG_KEY.to_owned(), k8s_openapi::ByteString(b"apiVersion: v1\nkind: Config\n".to_vec()))].into(),
         );
-        assert!(matches!(
-            SkrAccess::from_secret(&s, timeouts).await.map(|_| ()),
-            Err(Error::AccessSecretInvalid { .. })
-        ));
+        assert!(matches!(problem(&s), KubeconfigProblem::NoContext { .. }));
     }
 }

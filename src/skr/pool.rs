@@ -13,7 +13,7 @@ use kube::{Api, Client};
 use crate::catalog::{CatalogKind, KindMemory};
 use crate::error::{Error, Result};
 use crate::metrics::SkrClientMetrics;
-use crate::skr::access::{AccessTimeouts, SkrAccess};
+use crate::skr::access::{AccessSettings, SkrAccess};
 
 /// What this replica knows of one SKR between syncs.
 #[derive(Debug, Default)]
@@ -43,7 +43,7 @@ pub struct SkrPool {
     entries: Mutex<HashMap<String, Arc<SkrEntry>>>,
     kcp: Client,
     namespace: String,
-    timeouts: AccessTimeouts,
+    settings: AccessSettings,
     metrics: SkrClientMetrics,
 }
 
@@ -58,8 +58,8 @@ fn secret_version(meta: &PartialObjectMeta<Secret>) -> String {
 
 impl SkrPool {
     /// Creates an empty pool that reads access Secrets from `namespace` in the KCP.
-    pub fn new(kcp: Client, namespace: String, timeouts: AccessTimeouts, metrics: SkrClientMetrics) -> Self {
-        Self { entries: Mutex::default(), kcp, namespace, timeouts, metrics }
+    pub fn new(kcp: Client, namespace: String, settings: AccessSettings, metrics: SkrClientMetrics) -> Self {
+        Self { entries: Mutex::default(), kcp, namespace, settings, metrics }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SkrEntry>>> {
@@ -83,7 +83,7 @@ impl SkrPool {
             .get(&name)
             .await
             .map_err(|source| Error::ReadAccessSecret { name: name.clone(), source: Box::new(source) })?;
-        let access = SkrAccess::from_secret(&full, &self.timeouts).await?;
+        let access = SkrAccess::from_secret(&full, &self.settings)?;
         let entry = Arc::new(SkrEntry { secret_version: version, access, state: tokio::sync::Mutex::default() });
         let replaced = self.lock().insert(kyma.to_owned(), Arc::clone(&entry));
         if replaced.is_some() {

@@ -10,8 +10,9 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GetParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::Request;
+use kube::{Resource, ResourceExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -21,6 +22,18 @@ use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Plan, pla
 use crate::error::{Error, Result};
 use crate::metrics::SkrClientMetrics;
 use crate::skr::SkrState;
+use crate::skr::request::{ResponseTooLarge, SkrClient, bounded_serde_error};
+
+/// Copies per page of a full list: 50 ModuleTemplates of up to 160 KB each fit the default
+/// `--skr-max-response-size` (8 MiB); real ones are 3-50 KB.
+pub const FULL_LIST_PAGE: u32 = 50;
+
+/// Objects per page of a metadata-only list (about 1 KB each).
+pub const METADATA_LIST_PAGE: u32 = 500;
+
+/// Most copies of one kind an SKR may list: a catalog has a few hundred. More is a broken or
+/// hostile SKR (a list that never ends), and fails the sync as too large.
+pub const MAX_LISTED: usize = 10_000;
 
 /// The SKR CRDs of both catalog kinds, copied from the KCP (`conversion: None`, managed-by
 /// label), with a combined hash so a KCP CRD change is noticed per SKR.
@@ -84,8 +97,8 @@ impl SyncReport {
 
 /// One SKR, as seen by the executor.
 pub struct SkrTarget<'a> {
-    /// Client of the SKR.
-    pub client: &'a Client,
+    /// Client of the SKR; every request goes through it, within its size bounds.
+    pub client: &'a SkrClient,
     /// Sync namespace.
     pub namespace: &'a str,
     /// Most requests in flight at once.
@@ -116,6 +129,17 @@ fn apply_params() -> PatchParams {
 
 fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Requests for the copies of `kind` in `namespace`.
+fn copies(kind: CatalogKind, namespace: &str) -> Request {
+    Request::new(DynamicObject::url_path(&api_resource(kind), Some(namespace)))
+}
+
+/// One page of a list: what a plan needs of each item, and the token of the next page.
+struct Page {
+    items: Vec<Observed>,
+    next: Option<String>,
 }
 
 impl SkrTarget<'_> {
@@ -193,14 +217,10 @@ impl SkrTarget<'_> {
         }
         *report.unchanged.entry(kind).or_default() += plan.unchanged.len();
 
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.namespace, &api_resource(kind));
         let results: Vec<Result<(String, String, u64)>> = stream::iter(plan.apply.clone())
-            .map(|obj: crate::catalog::DesiredObject| {
-                let api = api.clone();
-                async move {
-                    let rv = self.apply_one(&api, kind, &obj).await?;
-                    Ok((obj.name.clone(), rv, obj.hash))
-                }
+            .map(|obj: crate::catalog::DesiredObject| async move {
+                let rv = self.apply_one(kind, &obj).await?;
+                Ok((obj.name.clone(), rv, obj.hash))
             })
             .buffer_unordered(self.concurrency)
             .collect()
@@ -223,17 +243,17 @@ impl SkrTarget<'_> {
         }
 
         let pruned: Vec<String> = stream::iter(plan.prune.clone())
-            .map(|name: String| {
-                let api = api.clone();
-                async move {
-                    self.check_ownership()?;
-                    let res = self.bounded(api.delete(&name, &DeleteParams::default())).await;
-                    self.metrics.record("delete", &res);
-                    match res {
-                        Ok(_) => Ok(name),
-                        Err(e) if is_not_found(&e) => Ok(name),
-                        Err(source) => Err(Error::PruneSkrObject { kind, name, source: Box::new(source) }),
-                    }
+            .map(|name: String| async move {
+                let request = copies(kind, self.namespace).delete(&name, &DeleteParams::default()).map_err(|e| {
+                    Error::PruneSkrObject { kind, name: name.clone(), source: Box::new(kube::Error::BuildRequest(e)) }
+                })?;
+                self.check_ownership()?;
+                let res = self.bounded(self.client.bytes(request)).await;
+                self.metrics.record("delete", &res);
+                match res {
+                    Ok(_) => Ok(name),
+                    Err(e) if is_not_found(&e) => Ok(name),
+                    Err(source) => Err(Error::PruneSkrObject { kind, name, source: Box::new(source) }),
                 }
             })
             .buffer_unordered(self.concurrency)
@@ -252,21 +272,23 @@ impl SkrTarget<'_> {
     /// manager, it holds exactly the desired copy. Otherwise the object is read in full, and
     /// when it still differs from the desired copy it is replaced to drop the foreign fields.
     /// Returns the new resourceVersion.
-    async fn apply_one(&self, api: &Api<DynamicObject>, kind: CatalogKind, obj: &DesiredObject) -> Result<String> {
+    async fn apply_one(&self, kind: CatalogKind, obj: &DesiredObject) -> Result<String> {
         let wrap = |source| Error::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
-        self.check_ownership()?;
+        let build = |e| wrap(kube::Error::BuildRequest(e));
+        let copies = copies(kind, self.namespace);
         // The body goes out as serialized once per catalog change; the answer is decoded
         // only as far as the resourceVersion and the field managers.
-        let request = kube::core::Request::new(api.resource_url())
-            .patch_metadata(&obj.name, &apply_params(), &Patch::Apply(obj.body.json()))
-            .map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
-        let res = self.bounded(self.client.request::<MetaOnly>(request)).await;
+        let request =
+            copies.patch_metadata(&obj.name, &apply_params(), &Patch::Apply(obj.body.json())).map_err(build)?;
+        self.check_ownership()?;
+        let res = self.bounded(self.client.json::<MetaOnly>(request)).await;
         self.metrics.record("apply", &res);
         let applied = res.map_err(wrap)?.metadata;
         if applied.managed_fields.iter().all(|f| f.manager == SKR_FIELD_MANAGER) {
             return Ok(applied.resource_version);
         }
-        let res = self.bounded(api.get(&obj.name)).await;
+        let request = copies.get(&obj.name, &GetParams::default()).map_err(build)?;
+        let res = self.bounded(self.client.json::<DynamicObject>(request)).await;
         self.metrics.record("get", &res);
         let current = res.map_err(wrap)?;
         let observed = serde_json::to_value(&current).unwrap_or_default();
@@ -283,54 +305,79 @@ impl SkrTarget<'_> {
             body["metadata"][field] = Value::Object(merged);
         }
         body["metadata"]["resourceVersion"] = json!(current.resource_version());
-        let replacement: DynamicObject = serde_json::from_value(body).map_err(|e| wrap(kube::Error::SerdeError(e)))?;
+        let replacement = serde_json::to_vec(&body).map_err(|e| wrap(kube::Error::SerdeError(e)))?;
         let params = PostParams { field_manager: Some(SKR_FIELD_MANAGER.to_owned()), ..PostParams::default() };
-        let res = self.bounded(api.replace(&obj.name, &params, &replacement)).await;
+        let request = copies.replace(&obj.name, &params, replacement).map_err(build)?;
+        let res = self.bounded(self.client.json::<DynamicObject>(request)).await;
         self.metrics.record("replace", &res);
         Ok(res.map_err(wrap)?.resource_version().unwrap_or_default())
     }
 
+    /// Lists the copies of `kind` page by page: in full (each item digested) when `full`,
+    /// else their metadata only.
     async fn list(&self, kind: CatalogKind, full: bool) -> Result<Vec<Observed>> {
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.namespace, &api_resource(kind));
-        let lp = ListParams::default();
         let wrap = |source| Error::ListSkrObjects { kind, source: Box::new(source) };
-        if !full {
-            let request = kube::core::Request::new(api.resource_url())
-                .list_metadata(&lp)
-                .map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
-            let res = self.bounded(self.client.request::<MetaOnlyList>(request)).await;
-            self.metrics.record("list", &res);
-            return Ok(res.map_err(wrap)?.items.into_iter().map(|o| observed(o.metadata, None)).collect());
+        let copies = copies(kind, self.namespace);
+        // A full page is read as bytes and digested one item at a time, so only one page and
+        // one object are in memory at once; the permit bounds how many full lists a replica
+        // reads at once (cold starts and shard takeovers sync many SKRs cold at once).
+        let _permit = if full { self.full_lists.acquire().await.ok() } else { None };
+        let mut listed = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default().limit(if full { FULL_LIST_PAGE } else { METADATA_LIST_PAGE });
+            if let Some(token) = &token {
+                lp = lp.continue_token(token);
+            }
+            let page = if full {
+                let request = copies.list(&lp).map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
+                let res = self.bounded(self.client.bytes(request)).await;
+                self.metrics.record("list", &res);
+                digest_list(&res.map_err(wrap)?).map_err(|e| wrap(bounded_serde_error(e)))?
+            } else {
+                let request = copies.list_metadata(&lp).map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
+                let res = self.bounded(self.client.json::<MetaOnlyList>(request)).await;
+                self.metrics.record("list", &res);
+                let list = res.map_err(wrap)?;
+                Page {
+                    items: list.items.into_iter().map(|o| observed(o.metadata, None)).collect(),
+                    next: list.metadata.next,
+                }
+            };
+            listed.extend(page.items);
+            if listed.len() > MAX_LISTED {
+                let limit = self.client.max_response();
+                return Err(wrap(kube::Error::Service(Box::new(ResponseTooLarge { limit }))));
+            }
+            match page.next.filter(|t| !t.is_empty()) {
+                Some(next) => token = Some(next),
+                None => return Ok(listed),
+            }
         }
-        // A full list is read as text and digested one item at a time, so only the response
-        // text and one object are in memory at once; the permit bounds how many such lists a
-        // replica holds (cold starts and shard takeovers sync many SKRs cold at once).
-        let _permit = self.full_lists.acquire().await.ok();
-        let request =
-            kube::core::Request::new(api.resource_url()).list(&lp).map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
-        let res = self.bounded(self.client.request_text(request)).await;
-        self.metrics.record("list", &res);
-        let text = res.map_err(wrap)?;
-        digest_list(&text).map_err(|e| wrap(kube::Error::SerdeError(e)))
     }
 
     /// Creates the sync namespace when missing. Returns the number of writes (0 or 1).
     async fn ensure_namespace(&self) -> Result<usize> {
-        let api: Api<Namespace> = Api::all(self.client.clone());
+        let namespaces = Request::new(Namespace::url_path(&(), None));
         let wrap =
             |source| Error::EnsureSkrNamespace { namespace: self.namespace.to_owned(), source: Box::new(source) };
-        let res = self.bounded(api.get_metadata_opt(self.namespace)).await;
+        let build = |e| wrap(kube::Error::BuildRequest(e));
+        let request = namespaces.get_metadata(self.namespace, &GetParams::default()).map_err(build)?;
+        let res = self.bounded(self.client.bytes(request)).await;
         self.metrics.record("get", &res);
-        if res.map_err(wrap)?.is_some() {
-            return Ok(0);
+        match res {
+            Ok(_) => return Ok(0),
+            Err(err) if is_not_found(&err) => {}
+            Err(err) => return Err(wrap(err)),
         }
-        self.check_ownership()?;
         let body = json!({
             "apiVersion": "v1",
             "kind": "Namespace",
             "metadata": {"name": self.namespace, "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE}},
         });
-        let res = self.bounded(api.patch(self.namespace, &apply_params(), &Patch::Apply(&body))).await;
+        let request = namespaces.patch(self.namespace, &apply_params(), &Patch::Apply(&body)).map_err(build)?;
+        self.check_ownership()?;
+        let res = self.bounded(self.client.bytes(request)).await;
         self.metrics.record("apply", &res);
         res.map_err(wrap)?;
         Ok(1)
@@ -339,48 +386,61 @@ impl SkrTarget<'_> {
     /// Writes each catalog CRD that is missing in the SKR or differs from the KCP's. Returns
     /// the number of writes.
     async fn ensure_crds(&self, crds: &SkrCrds) -> Result<usize> {
-        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let definitions = Request::new(CustomResourceDefinition::url_path(&(), None));
         let mut writes = 0;
         for (name, body) in &crds.bodies {
             let body = body.as_ref().ok_or_else(|| Error::KcpCrdMissing { name: name.clone() })?;
             let wrap = |source| Error::EnsureSkrCrd { name: name.clone(), source: Box::new(source) };
-            let res = self.bounded(api.get_opt(name)).await;
+            let build = |e| wrap(kube::Error::BuildRequest(e));
+            let request = definitions.get(name, &GetParams::default()).map_err(build)?;
+            let res = self.bounded(self.client.json::<Value>(request)).await;
             self.metrics.record("get", &res);
-            let current = res.map_err(wrap)?;
-            let up_to_date = current.as_ref().is_some_and(|c| {
-                let have = serde_json::to_value(c).unwrap_or_default();
+            let current = match res {
+                Ok(crd) => Some(crd),
+                Err(err) if is_not_found(&err) => None,
+                Err(err) => return Err(wrap(err)),
+            };
+            let up_to_date = current.as_ref().is_some_and(|have| {
                 is_subset(&body["spec"], &have["spec"])
                     && is_subset(&body["metadata"]["labels"], &have["metadata"]["labels"])
             });
             if up_to_date {
                 continue;
             }
+            let request = definitions.patch(name, &apply_params(), &Patch::Apply(&**body)).map_err(build)?;
             self.check_ownership()?;
-            let res = self.bounded(api.patch(name, &apply_params(), &Patch::Apply(&**body))).await;
+            let res = self.bounded(self.client.bytes(request)).await;
             self.metrics.record("apply", &res);
             res.map_err(wrap)?;
             writes += 1;
-            self.await_established(&api, name).await?;
+            self.await_established(&definitions, name).await;
         }
         Ok(writes)
     }
 
-    /// Waits (bounded) until a freshly written CRD is served.
-    async fn await_established(&self, api: &Api<CustomResourceDefinition>, name: &str) -> Result<()> {
+    /// Waits (bounded) until a freshly written CRD is served. Not established in time: the
+    /// following list fails with a clear error if it matters.
+    async fn await_established(&self, definitions: &Request, name: &str) {
         const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(10);
-        let cond = kube::runtime::conditions::is_crd_established();
-        let wait = kube::runtime::wait::await_condition(api.clone(), name, cond);
-        match tokio::time::timeout(ESTABLISH_TIMEOUT, wait).await {
-            Ok(Ok(_)) => Ok(()),
-            // Not established in time: the following list fails with a clear error if it matters.
-            Ok(Err(_)) | Err(_) => Ok(()),
+        const POLL: Duration = Duration::from_millis(100);
+        let deadline = tokio::time::Instant::now() + ESTABLISH_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            let Ok(request) = definitions.get(name, &GetParams::default()) else { return };
+            if let Ok(crd) = self.bounded(self.client.json::<CustomResourceDefinition>(request)).await {
+                let established = crd.status.and_then(|s| s.conditions).into_iter().flatten();
+                if established.into_iter().any(|c| c.type_ == "Established" && c.status == "True") {
+                    return;
+                }
+            }
+            tokio::time::sleep(POLL).await;
         }
     }
 }
 
-/// Reads a full list response (`{"items": [...]}`), keeping of each item what a plan needs:
-/// name, resourceVersion, whether it is managed, and its [`CopyDigest`].
-fn digest_list(text: &str) -> serde_json::Result<Vec<Observed>> {
+/// Reads a full list page (`{"metadata": {"continue": ..}, "items": [...]}`), keeping of each
+/// item what a plan needs: name, resourceVersion, whether it is managed, and its
+/// [`CopyDigest`].
+fn digest_list(body: &[u8]) -> serde_json::Result<Page> {
     use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
     struct Items;
@@ -406,26 +466,36 @@ fn digest_list(text: &str) -> serde_json::Result<Vec<Observed>> {
     }
     struct List;
     impl<'de> Visitor<'de> for List {
-        type Value = Vec<Observed>;
+        type Value = Page;
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("a list response")
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut items = Vec::new();
+            let mut page = Page { items: Vec::new(), next: None };
             while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                if key == "items" {
-                    items = map.next_value_seed(Items)?;
-                } else {
-                    map.next_value::<IgnoredAny>()?;
+                match key.as_ref() {
+                    "items" => page.items = map.next_value_seed(Items)?,
+                    "metadata" => page.next = map.next_value::<ListContinue>()?.next,
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
                 }
             }
-            Ok(items)
+            Ok(page)
         }
     }
-    let mut de = serde_json::Deserializer::from_str(text);
-    let items = de.deserialize_map(List)?;
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let page = de.deserialize_map(List)?;
     de.end()?;
-    Ok(items)
+    Ok(page)
+}
+
+/// The `continue` token of a list's metadata.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ListContinue {
+    #[serde(rename = "continue")]
+    next: Option<String>,
 }
 
 fn observed(meta: LeanMeta, content: Option<CopyDigest>) -> Observed {
@@ -467,6 +537,8 @@ struct MetaOnly {
 /// A `PartialObjectMetadataList`, read through [`LeanMeta`].
 #[derive(Debug, Deserialize)]
 struct MetaOnlyList {
+    #[serde(default)]
+    metadata: ListContinue,
     #[serde(default, deserialize_with = "null_as_default")]
     items: Vec<MetaOnly>,
 }
@@ -521,8 +593,10 @@ mod tests {
     fn full_lists_digest_each_item_with_its_metadata() {
         let mut copy = item("m-1", "7", &[SKR_FIELD_MANAGER]);
         copy["spec"] = json!({"descriptor": {"big": "x"}});
-        let text = json!({"items": [copy.clone()]}).to_string();
-        let got = digest_list(&text).expect("parses");
+        let text = json!({"metadata": {"continue": "next-page"}, "items": [copy.clone()]}).to_string();
+        let page = digest_list(text.as_bytes()).expect("parses");
+        assert_eq!(page.next.as_deref(), Some("next-page"));
+        let got = page.items;
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].name.as_str(), got[0].resource_version.as_str(), got[0].managed), ("m-1", "7", true));
         assert_eq!(got[0].content, Some(CopyDigest::of(&copy)));

@@ -344,7 +344,7 @@ async fn sync_skr(
     let secret = ctx.secrets.find(&name, &namespace)?;
     let entry = ctx.pool.get(&name, &secret).await?;
     // Built per sync and dropped with it: connections and TLS state last one sync.
-    let client = entry.access.client()?;
+    let client = entry.access.client().await?;
     let mut state = entry.state.lock().await;
     let may_write = || ctx.shards.may_write(&namespace, &name);
     let target = SkrTarget {

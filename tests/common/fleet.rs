@@ -205,6 +205,8 @@ impl Fleet {
             &http_addr,
             "--identity",
             identity,
+            "--skr-allowed-destinations",
+            super::SKR_DESTINATIONS,
         ];
         args.extend(self.base_args.iter().map(String::as_str));
         args.extend_from_slice(extra_args);

@@ -11,7 +11,7 @@
 //! | image `.../catalogsync:<tag>` | the binary under test, with the container's `command`/`args` |
 //! | `env`, with `fieldRef` (downward API) | the same values, and no other variable of the test |
 //! | ServiceAccount token mounted for in-cluster config | a token from the TokenRequest API, bound to the pod, in a kubeconfig (`KUBECONFIG`) |
-//! | a network namespace and IP per pod | a loopback address per pod (`127.0.1.N`, the pod IP), on which catalogsync listens at the container's port (`CATALOGSYNC_HTTP_ADDR`) |
+//! | a network namespace and IP per pod | a loopback address per pod (`127.0.1.N`, the pod IP), on which catalogsync listens at the container's port (`CATALOGSYNC_HTTP_ADDR`); SKRs on loopback, allowed through `CATALOGSYNC_SKR_ALLOWED_DESTINATIONS=127.0.0.0/8` |
 //! | readiness and liveness probes (`httpGet`) | the same probes with the pod's timings, against the pod IP |
 //! | `restartPolicy: Always` | a container that exits while its pod is not deleted is restarted |
 //! | deletion: SIGTERM, SIGKILL after the grace period, then the final delete | the same |
@@ -718,5 +718,8 @@ fn launch(pod: &Pod, c: &Container, ip: Ipv4Addr, port: u16, kubeconfig: &Path) 
     }
     env.push(("KUBECONFIG".to_owned(), kubeconfig.display().to_string()));
     env.push(("CATALOGSYNC_HTTP_ADDR".to_owned(), SocketAddr::from((ip, port)).to_string()));
+    // The test SKRs listen on loopback: where a pod network would route to public SKR
+    // addresses, the replicas are allowed loopback instead.
+    env.push(("CATALOGSYNC_SKR_ALLOWED_DESTINATIONS".to_owned(), super::SKR_DESTINATIONS.to_owned()));
     Ok(Launch { program, args, env })
 }

@@ -65,6 +65,10 @@ pub use self::{
 
 /// Namespace of catalogsync's ServiceAccount in `deploy/rbac/`.
 pub const CATALOGSYNC_NAMESPACE: &str = "catalogsync-system";
+/// `--skr-allowed-destinations` of every catalogsync the tests run: the test SKRs listen on
+/// loopback, which the default (`public`) refuses. The KCP apiserver stays refused all the
+/// same (catalogsync never allows its own KCP).
+pub const SKR_DESTINATIONS: &str = "127.0.0.0/8";
 /// User name catalogsync runs as in tests: its ServiceAccount.
 pub const CATALOGSYNC_USER: &str = "system:serviceaccount:catalogsync-system:catalogsync";
 /// Groups of that ServiceAccount (the apiserver adds `system:authenticated` itself).

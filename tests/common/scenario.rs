@@ -310,6 +310,11 @@ impl Scenario {
             "--drain-timeout",
             "3s",
         ];
+        // The test SKRs listen on loopback, which the default (`public`) refuses; a test may
+        // give its own list instead.
+        if !extra.contains(&"--skr-allowed-destinations") {
+            args.extend_from_slice(&["--skr-allowed-destinations", super::SKR_DESTINATIONS]);
+        }
         args.extend_from_slice(extra);
         let cs = Catalogsync::spawn_bin(
             &super::catalogsync_bin(),
