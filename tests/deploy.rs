@@ -4,6 +4,9 @@
 //!   object it renders is accepted by the real test KCP apiserver (server-side apply, dry run);
 //! - the Deployment has the replicas, identity, probes, security context and grace period the
 //!   controller relies on, and the HPA overlay leaves the replica count to the HPA;
+//! - the egress NetworkPolicies of `deploy/egress-policy` select exactly the Deployment's pods
+//!   and allow DNS, the KCP apiserver (a placeholder the docs explain) and public addresses
+//!   on 443 (every non-public range excepted), and no rule reaches a cloud metadata address;
 //! - every `run` and `shards` flag of `--help` is in `docs/configuration.md` with its
 //!   environment variable and default;
 //! - every metric named in the dashboard and the alerts is documented in `docs/metrics.md`
@@ -14,6 +17,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::process::Command;
 use std::time::Duration;
 
@@ -35,7 +39,8 @@ const FIELD_MANAGER: &str = "deploy-test";
 /// How long a kind may take to appear in discovery (a CRD installed just before).
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(15);
 /// The kustomizations under `deploy/` that are installed on their own.
-const KUSTOMIZATIONS: &[&str] = &["deploy/crds", "deploy/base", "deploy/overlays/hpa", "deploy/monitoring"];
+const KUSTOMIZATIONS: &[&str] =
+    &["deploy/crds", "deploy/base", "deploy/overlays/hpa", "deploy/monitoring", "deploy/egress-policy"];
 
 /// Server-side applies every object with `dryRun=All`: the apiserver validates, defaults and
 /// admits each one (schema, RBAC escalation checks, namespace existence) and stores nothing.
@@ -104,7 +109,7 @@ async fn every_kustomization_renders_and_the_kcp_accepts_it() {
 #[test]
 fn namespaced_objects_name_their_namespace() {
     // A namespaced object without a namespace would land wherever `kubectl apply` points.
-    for dir in ["deploy/base", "deploy/overlays/hpa", "deploy/monitoring"] {
+    for dir in ["deploy/base", "deploy/overlays/hpa", "deploy/monitoring", "deploy/egress-policy"] {
         for doc in render(dir) {
             let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"];
             if !cluster_scoped.contains(&kind_of(&doc)) {
@@ -230,6 +235,229 @@ fn hpa_overlay_leaves_the_replica_count_to_a_slow_scaling_hpa() {
     for p in policies {
         assert_eq!(p["type"], "Pods");
         assert!(p["value"] == 1 && p["periodSeconds"].as_u64() >= Some(300), "at most one pod per 5 minutes: {p}");
+    }
+}
+
+/// The ranges `--skr-allowed-destinations=public` refuses. The egress policy's public rule must
+/// except each of them; one per line, so that dropping one from the policy fails a test.
+const NON_PUBLIC_RANGES: &[&str] = &[
+    "0.0.0.0/8",      // "this network", unspecified
+    "10.0.0.0/8",     // private (RFC 1918)
+    "172.16.0.0/12",  // private (RFC 1918)
+    "192.168.0.0/16", // private (RFC 1918)
+    "100.64.0.0/10",  // carrier-grade NAT (RFC 6598)
+    "169.254.0.0/16", // link-local, cloud metadata
+    "127.0.0.0/8",    // loopback
+    "224.0.0.0/4",    // multicast
+    "240.0.0.0/4",    // reserved, broadcast
+    "::/128",         // unspecified
+    "::1/128",        // loopback
+    "fc00::/7",       // unique local (private)
+    "fe80::/10",      // link-local
+    "ff00::/8",       // multicast
+];
+/// Cloud metadata services (every major cloud's IPv4 one, AWS's IPv6 one): no egress rule may
+/// reach them.
+const METADATA_ADDRESSES: &[&str] = &["169.254.169.254", "fd00:ec2::254"];
+/// The policy that only the operator can complete: the KCP apiserver's address.
+const KCP_APISERVER_POLICY: &str = "catalogsync-egress-kcp-apiserver";
+/// Its placeholder address as shipped, in TEST-NET-1 (RFC 5737), which reaches nothing.
+const KCP_APISERVER_PLACEHOLDER: &str = "192.0.2.1";
+
+/// An IP prefix (`10.0.0.0/8`, `fc00::/7`; a bare address is a prefix of full length), enough
+/// to tell whether one range holds another.
+#[derive(Debug, Clone, Copy)]
+struct Cidr {
+    /// The address as written, for messages.
+    addr: IpAddr,
+    /// The address, an IPv4 one in the low 32 bits.
+    bits: u128,
+    /// Address length: 32 or 128.
+    width: u32,
+    /// Prefix length.
+    prefix: u32,
+}
+
+impl Cidr {
+    fn parse(text: &str) -> Self {
+        let (addr, prefix) = text.split_once('/').map_or((text, None), |(a, p)| (a, Some(p)));
+        let addr: IpAddr = addr.parse().unwrap_or_else(|e| panic!("{text}: not an IP address: {e}"));
+        let (bits, width) = match addr {
+            IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
+            IpAddr::V6(a) => (u128::from(a), 128),
+        };
+        let prefix = prefix.map_or(width, |p| p.parse().unwrap_or_else(|e| panic!("{text}: bad prefix length: {e}")));
+        assert!(prefix <= width, "{text}: prefix longer than the address");
+        Self { addr, bits, width, prefix }
+    }
+
+    /// Whether every address of `other` is in `self`.
+    fn contains(&self, other: &Self) -> bool {
+        let host_bits = self.width - self.prefix;
+        self.width == other.width
+            && self.prefix <= other.prefix
+            && self.bits.checked_shr(host_bits).unwrap_or(0) == other.bits.checked_shr(host_bits).unwrap_or(0)
+    }
+
+    /// Whether `self` and `other` share an address.
+    fn overlaps(&self, other: &Self) -> bool {
+        self.contains(other) || other.contains(self)
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// The NetworkPolicies of `deploy/egress-policy`, by name (it renders nothing else).
+fn egress_policies() -> BTreeMap<String, Value> {
+    let docs = render("deploy/egress-policy");
+    assert!(docs.iter().all(|d| kind_of(d) == "NetworkPolicy"), "deploy/egress-policy renders only NetworkPolicies");
+    docs.into_iter().map(|d| (name_of(&d).to_owned(), d)).collect()
+}
+
+/// The egress rules of a NetworkPolicy.
+fn egress_rules(policy: &Value) -> &[Value] {
+    policy["spec"]["egress"].as_array().map_or(&[], Vec::as_slice)
+}
+
+/// The `ipBlock`s of a rule, as (cidr, except).
+fn ip_blocks(rule: &Value) -> Vec<(Cidr, Vec<Cidr>)> {
+    let peers = rule["to"].as_array().map_or(&[][..], Vec::as_slice);
+    peers
+        .iter()
+        .filter_map(|p| p.get("ipBlock"))
+        .map(|b| {
+            let cidr = Cidr::parse(b["cidr"].as_str().expect("ipBlock.cidr"));
+            let except = b["except"].as_array().map_or(&[][..], Vec::as_slice);
+            (cidr, except.iter().map(|e| Cidr::parse(e.as_str().expect("an except entry"))).collect())
+        })
+        .collect()
+}
+
+#[test]
+fn cidr_containment_follows_the_prefix() {
+    let c = Cidr::parse;
+    assert!(c("169.254.0.0/16").contains(&c("169.254.169.254")));
+    assert!(!c("169.254.0.0/16").contains(&c("169.255.0.1")));
+    assert!(c("0.0.0.0/0").contains(&c("10.0.0.0/8")) && !c("10.0.0.0/8").contains(&c("0.0.0.0/0")));
+    assert!(c("fc00::/7").contains(&c("fd00:ec2::254")) && !c("fc00::/7").contains(&c("fe80::1")));
+    assert!(c("::/0").contains(&c("::1")) && !c("::/0").contains(&c("127.0.0.1")), "families never mix");
+    assert!(c("10.1.0.0/16").overlaps(&c("10.0.0.0/8")) && !c("11.0.0.0/8").overlaps(&c("10.0.0.0/8")));
+}
+
+#[test]
+fn egress_policies_select_exactly_the_deployments_pods_and_restrict_egress_only() {
+    let base = render("deploy/base");
+    let deploy = the(&base, "Deployment");
+    let pod_labels = &deploy["spec"]["template"]["metadata"]["labels"];
+    assert!(pod_labels.as_object().is_some_and(|l| !l.is_empty()), "the Deployment's pods carry labels");
+    let policies = egress_policies();
+    assert!(policies.contains_key("catalogsync-egress") && policies.contains_key(KCP_APISERVER_POLICY));
+    for (name, policy) in &policies {
+        assert_eq!(policy["metadata"]["namespace"], deploy["metadata"]["namespace"], "{name}: the pods' namespace");
+        assert_eq!(
+            policy["spec"]["podSelector"],
+            serde_json::json!({ "matchLabels": pod_labels }),
+            "{name} must select exactly the labels of the Deployment's pods"
+        );
+        // Ingress (metrics scrapes, probes) stays unrestricted.
+        assert_eq!(policy["spec"]["policyTypes"], serde_json::json!(["Egress"]), "{name}: policyTypes");
+        assert!(policy["spec"].get("ingress").is_none(), "{name} has ingress rules");
+        assert!(!egress_rules(policy).is_empty(), "{name} has no egress rules");
+        for (i, rule) in egress_rules(policy).iter().enumerate() {
+            // An empty or missing `to` or `ports` means every destination or every port.
+            assert!(rule["to"].as_array().is_some_and(|t| !t.is_empty()), "{name}: rule {i} allows every destination");
+            assert!(rule["ports"].as_array().is_some_and(|p| !p.is_empty()), "{name}: rule {i} allows every port");
+        }
+    }
+}
+
+#[test]
+fn egress_policy_allows_dns_to_kube_dns() {
+    let policies = egress_policies();
+    let kube_dns = serde_json::json!({
+        "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": "kube-system" } },
+        "podSelector": { "matchLabels": { "k8s-app": "kube-dns" } },
+    });
+    let dns = egress_rules(&policies["catalogsync-egress"])
+        .iter()
+        .find(|r| r["to"].as_array().is_some_and(|to| to.contains(&kube_dns)))
+        .expect("a rule to the kube-dns pods of kube-system");
+    let ports = dns["ports"].as_array().expect("DNS ports");
+    for protocol in ["UDP", "TCP"] {
+        assert!(
+            ports.contains(&serde_json::json!({ "protocol": protocol, "port": 53 })),
+            "DNS over {protocol} port 53 must be allowed: {ports:?}"
+        );
+    }
+    for peer in dns["to"].as_array().expect("to") {
+        assert!(peer.get("ipBlock").is_none(), "the DNS rule allows addresses besides the kube-dns pods: {peer}");
+    }
+}
+
+#[test]
+fn egress_policy_allows_public_addresses_on_443_and_excepts_every_non_public_range() {
+    let policies = egress_policies();
+    let policy = &policies["catalogsync-egress"];
+    let mut public_families = BTreeSet::new();
+    for rule in egress_rules(policy) {
+        for (cidr, except) in ip_blocks(rule) {
+            if cidr.prefix == 0 {
+                public_families.insert(cidr.width);
+                assert_eq!(
+                    rule["ports"],
+                    serde_json::json!([{ "protocol": "TCP", "port": 443 }]),
+                    "public addresses only on TCP 443, where SKR apiservers answer"
+                );
+            }
+            for range in NON_PUBLIC_RANGES {
+                let range_cidr = Cidr::parse(range);
+                if cidr.overlaps(&range_cidr) {
+                    assert!(
+                        except.iter().any(|e| e.contains(&range_cidr)),
+                        "catalogsync-egress: ipBlock {cidr} must except {range}, which --skr-allowed-destinations refuses"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(public_families, BTreeSet::from([32, 128]), "one public ipBlock per family: 0.0.0.0/0 and ::/0");
+}
+
+#[test]
+fn no_egress_rule_reaches_a_cloud_metadata_address() {
+    for (name, policy) in egress_policies() {
+        for (i, rule) in egress_rules(&policy).iter().enumerate() {
+            for (cidr, except) in ip_blocks(rule) {
+                for address in METADATA_ADDRESSES {
+                    let metadata = Cidr::parse(address);
+                    assert!(
+                        !cidr.contains(&metadata) || except.iter().any(|e| e.contains(&metadata)),
+                        "{name}: rule {i} allows the metadata address {address} (ipBlock {cidr})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn kcp_apiserver_policy_ships_a_placeholder_the_docs_explain() {
+    // deploy/ must not carry one cluster's apiserver address; the operator sets it
+    // (docs/operations.md, "Network egress").
+    let policies = egress_policies();
+    let placeholder = Cidr::parse(KCP_APISERVER_PLACEHOLDER);
+    let blocks: Vec<_> = egress_rules(&policies[KCP_APISERVER_POLICY]).iter().flat_map(ip_blocks).collect();
+    assert!(!blocks.is_empty(), "{KCP_APISERVER_POLICY} allows the apiserver by ipBlock");
+    for (cidr, _) in blocks {
+        assert!(placeholder.contains(&cidr), "{KCP_APISERVER_POLICY}: {cidr} is not the placeholder");
+    }
+    let ops = read("docs/operations.md");
+    for needle in [KCP_APISERVER_POLICY, KCP_APISERVER_PLACEHOLDER, "kubernetes.io/service-name=kubernetes"] {
+        assert!(ops.contains(needle), "docs/operations.md must explain the egress policy: it lacks {needle}");
     }
 }
 
