@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
 use crate::catalog::render::{CopyDigest, render_copy};
-use crate::catalog::selector::{self, KymaSelector};
+use crate::catalog::selector::KymaSelector;
 use crate::catalog::{CatalogKind, CopyBody, serialize_copy};
 
 /// A ModuleTemplate, reduced to what the filter needs, plus its rendered SKR copy.
