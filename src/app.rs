@@ -32,6 +32,7 @@ use crate::skr::destination::Destinations;
 use crate::skr::kubeconfig::InsecureTls;
 use crate::skr::{AccessSecrets, AccessSettings, SkrPool};
 use crate::sync::catalog::{CatalogState, run_catalog_loop, watch_catalog};
+use crate::sync::guard::ShrinkGuard;
 use crate::sync::reconciler::{self, Book, Context, Settings};
 
 /// Capacity of the catalog requeue channel. The catalog loop awaits free space (it is our
@@ -290,7 +291,11 @@ pub async fn run_with(
 
     let catalog_task = run_catalog_loop(
         Box::pin(catalog_changes),
-        catalog_stores,
+        catalog_stores.with_shrink_guard(ShrinkGuard::new(
+            args.catalog_shrink_threshold,
+            kcp.clone(),
+            &args.lease_namespace,
+        )),
         kyma_store.clone(),
         catalog_tx,
         requeue_tx,

@@ -78,6 +78,15 @@ pub struct RunArgs {
     )]
     pub restricted_modules: Vec<String>,
 
+    /// Largest share of the catalog one change may take away from the SKRs without a human's
+    /// confirmation: a fraction of the modules (ModuleReleaseMetas) or of the versions
+    /// (ModuleTemplates) that SKRs get, each kind on its own, compared with the catalog
+    /// published last. A catalog state that loses more is held back (the previous one stays
+    /// published, nothing is pruned) until the objects come back or someone confirms it on
+    /// the coordinator Lease. 1 switches the guard off.
+    #[arg(long, env = "CATALOGSYNC_CATALOG_SHRINK_THRESHOLD", default_value = "0.5", help_heading = "Catalog")]
+    pub catalog_shrink_threshold: f64,
+
     /// How often every SKR is re-checked to repair drift, even without a KCP change.
     #[arg(long, env = "CATALOGSYNC_RESYNC_PERIOD", default_value = "10m", value_parser = parse_duration, help_heading = "Sync")]
     pub resync_period: Duration,
@@ -219,6 +228,9 @@ impl RunArgs {
         if !(0.0..=1.0).contains(&self.resync_jitter) {
             return Err("--resync-jitter must be between 0 and 1".into());
         }
+        if !(0.0..=1.0).contains(&self.catalog_shrink_threshold) {
+            return Err("--catalog-shrink-threshold must be between 0 and 1 (1 switches the guard off)".into());
+        }
         if self.resync_period.is_zero() {
             return Err("--resync-period must be positive".into());
         }
@@ -351,6 +363,24 @@ mod tests {
         assert_eq!(parse_size("100000"), Ok(100_000));
         for bad in ["", "8MB", "Mi", "-1Mi", "1Ki", "99999999999999999999Gi"] {
             assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn catalog_shrink_threshold_is_a_fraction_that_defaults_to_half() {
+        let parse = |flags: &[&str]| {
+            let cli = Cli::try_parse_from(["catalogsync", "run"].iter().chain(flags)).expect("flags parse");
+            let Command::Run(args) = cli.command else { unreachable!("run was given") };
+            args
+        };
+        assert_eq!(parse(&[]).catalog_shrink_threshold, 0.5);
+        for ok in ["0", "0.25", "1"] {
+            assert_eq!(parse(&["--catalog-shrink-threshold", ok]).validate(), Ok(()), "{ok}");
+        }
+        for bad in ["-0.1", "1.5", "NaN"] {
+            let flag = format!("--catalog-shrink-threshold={bad}");
+            let err = parse(&[&flag]).validate().expect_err(bad);
+            assert!(err.contains("--catalog-shrink-threshold"), "{err}");
         }
     }
 

@@ -188,6 +188,10 @@ pub struct CatalogMetrics {
     pub changes: IntCounter,
     /// `catalogsync_catalog_requeued_kymas_total`.
     pub requeued: IntCounter,
+    /// `catalogsync_catalog_reachable_objects{kind,state}`.
+    pub reachable: IntGaugeVec,
+    /// `catalogsync_catalog_shrink_held`.
+    pub shrink_held: IntGauge,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
@@ -381,6 +385,17 @@ impl CatalogMetrics {
                 "Kymas requeued because a catalog change altered their desired catalog.",
             )
             .and_then(|c| r.register(Box::new(c.clone())).map(|()| c))?,
+            reachable: gauge_vec(
+                r,
+                "catalogsync_catalog_reachable_objects",
+                "Catalog objects some SKR gets, by kind, of the published and of the latest KCP catalog state.",
+                &["kind", "state"],
+            )?,
+            shrink_held: gauge(
+                r,
+                "catalogsync_catalog_shrink_held",
+                "1 while this replica holds back a catalog state that lost more than --catalog-shrink-threshold.",
+            )?,
         })
     }
 }
@@ -409,6 +424,8 @@ mod known {
     pub const RESULTS: &[&str] = &["success", "error"];
     /// `catalogsync_catalog_skipped_release_metas` `reason`.
     pub const SKIPPED_RELEASE_META_REASONS: &[&str] = &crate::catalog::Warning::REASONS;
+    /// `catalogsync_catalog_reachable_objects` `state`.
+    pub const REACHABLE_STATES: &[&str] = &["published", "latest"];
 }
 
 impl Metrics {
@@ -439,6 +456,9 @@ impl Metrics {
             }
             catalog.objects.with_label_values(&[kind]);
             catalog.malformed.with_label_values(&[kind]);
+            for state in REACHABLE_STATES {
+                catalog.reachable.with_label_values(&[kind, state]);
+            }
         }
         for reason in SKIPPED_RELEASE_META_REASONS {
             catalog.skipped_release_metas.with_label_values(&[reason]);

@@ -155,6 +155,13 @@ pub const DESIRED_HOLDER_ANNOTATION: &str = "catalogsync.kyma-project.io/desired
 pub const HANDOVER_STARTED_ANNOTATION: &str = "catalogsync.kyma-project.io/handover-started";
 /// Name of the coordinator election Lease.
 pub const COORDINATOR_LEASE: &str = "catalogsync-coordinator";
+/// Annotation on the [`COORDINATOR_LEASE`] a human sets to let a catalog state through that
+/// the shrink guard holds back: the state's reachable counts, `mrm=<n>,mt=<n>`.
+pub const CONFIRM_SHRINK_ANNOTATION: &str = "catalogsync.kyma-project.io/confirm-shrink";
+/// Annotation on the [`COORDINATOR_LEASE`] where replicas record the reachable counts of the
+/// catalog state they published last, `mrm=<n>,mt=<n>`: the shrink guard's baseline of a
+/// replica that has published nothing yet.
+pub const PUBLISHED_CATALOG_ANNOTATION: &str = "catalogsync.kyma-project.io/published-catalog";
 
 /// Name of the member Lease of replica `identity`.
 pub fn member_lease_name(identity: &str) -> String {

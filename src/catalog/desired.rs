@@ -125,14 +125,8 @@ impl Profile {
         kyma_labels: &BTreeMap<String, String>,
         restricted_modules: &BTreeSet<String>,
     ) -> Self {
-        let selections = snapshot
-            .release_metas
-            .values()
-            .filter(|mrm| !mrm.mandatory && restricted_modules.contains(&mrm.module_name))
-            .filter_map(|mrm| match &mrm.kyma_selector {
-                Some(Ok(sel)) if !sel.is_empty() => Some((mrm.name.clone(), sel.matches(kyma_labels))),
-                _ => None,
-            })
+        let selections = selectable(snapshot, restricted_modules)
+            .map(|(name, sel)| (name.to_owned(), sel.matches(kyma_labels)))
             .collect();
         Self {
             beta: is_flag_on(kyma_labels.get(BETA_LABEL)),
@@ -140,6 +134,36 @@ impl Profile {
             selections,
         }
     }
+
+    /// The profile that sees everything a Kyma can see: beta, internal, and matched by every
+    /// valid, non-empty selector of a restricted module. The desired set only grows with each
+    /// flag and each matched selector, so this profile's set is the union of every Kyma's.
+    pub fn widest(snapshot: &Snapshot, restricted_modules: &BTreeSet<String>) -> Self {
+        let selections = selectable(snapshot, restricted_modules).map(|(name, _)| (name.to_owned(), true)).collect();
+        Self { beta: true, internal: true, selections }
+    }
+}
+
+/// The restricted, non-mandatory MRMs whose `kymaSelector` is valid and not empty: the ones a
+/// [`Profile`] records a selection for.
+fn selectable<'a>(
+    snapshot: &'a Snapshot,
+    restricted_modules: &'a BTreeSet<String>,
+) -> impl Iterator<Item = (&'a str, &'a crate::catalog::selector::KymaSelector)> {
+    snapshot
+        .release_metas
+        .values()
+        .filter(|mrm| !mrm.mandatory && restricted_modules.contains(&mrm.module_name))
+        .filter_map(|mrm| match &mrm.kyma_selector {
+            Some(Ok(sel)) if !sel.is_empty() => Some((mrm.name.as_str(), sel)),
+            _ => None,
+        })
+}
+
+/// The union of the desired sets of every Kyma: what [`Profile::widest`] gets. The shrink
+/// guard counts it to tell how much of the catalog the fleet would lose.
+pub fn widest_desired_set(snapshot: &Snapshot, restricted_modules: &BTreeSet<String>) -> DesiredSet {
+    desired_for(snapshot, &Profile::widest(snapshot, restricted_modules), restricted_modules).0
 }
 
 /// Computes the desired catalog of a Kyma with `kyma_labels`, given the KCP catalog and the

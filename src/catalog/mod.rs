@@ -10,13 +10,14 @@
 //! Nothing here holds a `Client`; `sync::executor` performs a `Plan`.
 
 pub mod desired;
+pub mod guard;
 pub mod plan;
 pub mod render;
 pub mod selector;
 pub mod snapshot;
 
 pub use desired::{Desired, DesiredObject, DesiredSet, DesiredSets, Profile, Warning, desired_set};
-pub use plan::{KindMemory, Observed, Plan, plan};
+pub use plan::{KindMemory, Observed, Orphan, Plan, plan};
 pub use snapshot::{MrmView, MtView, Snapshot};
 
 /// The two catalog kinds, used as keys and as bounded metric labels.

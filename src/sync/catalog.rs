@@ -18,6 +18,7 @@ use tracing::{info, warn};
 use crate::api::{Kyma, ModuleReleaseMeta, ModuleTemplate};
 use crate::catalog::{CatalogKind, Desired, DesiredSets, Snapshot, Warning};
 use crate::sync::executor::{SkrCrds, skr_crd_names};
+use crate::sync::guard::{Gate, ShrinkGuard};
 use crate::sync::reconciler::Context;
 
 /// What every sync reads: the catalog snapshot and the SKR CRDs.
@@ -73,9 +74,19 @@ pub struct CatalogStores {
     /// The two catalog CRDs, one store each (each is watched by name, and a watcher's
     /// re-list replaces the whole content of its store).
     pub crds: Vec<Store<CustomResourceDefinition>>,
+    /// The shrink guard the catalog loop applies before it publishes a state (`None`: every
+    /// state is published).
+    pub guard: Option<ShrinkGuard>,
 }
 
 impl CatalogStores {
+    /// These stores with `guard`: the catalog loop holds back a state that lost more than the
+    /// guard's threshold of the published catalog (see [`crate::catalog::guard`]).
+    pub fn with_shrink_guard(mut self, guard: ShrinkGuard) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+
     /// Waits until every store has finished its first list.
     ///
     /// # Errors
@@ -146,11 +157,16 @@ pub fn watch_catalog(kcp: &Client, namespace: &str) -> (CatalogStores, impl Stre
     });
     let crds = stream::select_all(crd_streams);
     let changes = stream::select(stream::select(mts, mrms), crds);
-    (CatalogStores { templates: mt_store, release_metas: mrm_store, crds: crd_stores }, changes)
+    (CatalogStores { templates: mt_store, release_metas: mrm_store, crds: crd_stores, guard: None }, changes)
 }
 
 /// Rebuilds the catalog state after each settled burst of changes, publishes it, and sends
 /// the owned Kymas whose desired set changed to `requeue`. Runs until `changes` ends.
+///
+/// With a shrink guard (see [`CatalogStores::with_shrink_guard`]) a state that lost too much
+/// of the published catalog is held back instead: the published state stays, and the held one
+/// is decided again every [`GUARD_RECHECK`](crate::sync::guard::GUARD_RECHECK) (to see a
+/// confirmation) and after every further change (the objects may come back).
 pub async fn run_catalog_loop(
     mut changes: impl Stream<Item = ()> + Unpin,
     stores: CatalogStores,
@@ -178,16 +194,46 @@ pub async fn run_catalog_loop(
             }
         }
     }
-    // The first state is published at once; later ones after their burst of changes settled.
+    // The first state is decided at once; later ones after their burst of changes settled.
+    let mut gate =
+        Gate::new(stores.guard.clone(), ctx.metrics.catalog.clone(), ctx.settings.restricted_modules.clone());
     let mut first = true;
     loop {
-        if !std::mem::take(&mut first) && !settle(&mut changes, debounce).await {
-            return;
-        }
-        let state = stores.state(&ctx.settings.sync_namespace);
+        let state = if std::mem::take(&mut first) {
+            stores.state(&ctx.settings.sync_namespace)
+        } else {
+            match next_wake(&mut changes, debounce, gate.recheck_at()).await {
+                Wake::Ended => return,
+                Wake::Changed(mut settled) => {
+                    let mut state = stores.state(&ctx.settings.sync_namespace);
+                    // A burst the debounce cap cut short that takes objects away (a long
+                    // `kubectl delete --all`) is decided once it is over, as a whole: cut
+                    // into parts, each part could stay within the shrink threshold.
+                    while settled == Settled::Capped && gate.shrinks(&state) {
+                        settled = settle(&mut changes, debounce).await;
+                        if settled == Settled::Ended {
+                            return;
+                        }
+                        state = stores.state(&ctx.settings.sync_namespace);
+                    }
+                    state
+                }
+                Wake::Recheck => {
+                    gate.retry_record().await;
+                    // No change arrived since the held state was built: decide it again.
+                    match gate.held_state() {
+                        Some(held) => held,
+                        None => continue,
+                    }
+                }
+            }
+        };
         if **publish.borrow() == state {
+            gate.restored();
             continue;
         }
+        let Some(mut approved) = gate.check(state).await else { continue };
+        let state = std::mem::take(&mut approved.state);
         record_catalog(&ctx, &state);
         let state = Arc::new(state);
         publish.send_replace(Arc::clone(&state));
@@ -199,23 +245,65 @@ pub async fn run_catalog_loop(
             requeued,
             "Catalog changed"
         );
+        gate.published(approved).await;
     }
 }
 
-/// Waits for the next change, then until no change came for `debounce` (at most
-/// [`MAX_DEBOUNCE_FACTOR`] debounce periods). Returns false when the changes ended.
-async fn settle(changes: &mut (impl Stream<Item = ()> + Unpin), debounce: Duration) -> bool {
-    if changes.next().await.is_none() {
-        return false;
+/// Why the catalog loop woke up.
+enum Wake {
+    /// A burst of changes settled (quiet or capped).
+    Changed(Settled),
+    /// `recheck` passed without a change.
+    Recheck,
+    /// The changes ended.
+    Ended,
+}
+
+/// Waits for the next change or until `recheck`, whichever comes first; after a change,
+/// [`settle`]s the burst. A recheck never cuts a burst short.
+async fn next_wake(
+    changes: &mut (impl Stream<Item = ()> + Unpin),
+    debounce: Duration,
+    recheck: Option<tokio::time::Instant>,
+) -> Wake {
+    let first = match recheck {
+        Some(at) => tokio::select! {
+            more = changes.next() => more,
+            () = tokio::time::sleep_until(at) => return Wake::Recheck,
+        },
+        None => changes.next().await,
+    };
+    if first.is_none() {
+        return Wake::Ended;
     }
+    match settle(changes, debounce).await {
+        Settled::Ended => Wake::Ended,
+        settled => Wake::Changed(settled),
+    }
+}
+
+/// How a burst of changes ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    /// No change came for a debounce period.
+    Quiet,
+    /// Changes kept coming for [`MAX_DEBOUNCE_FACTOR`] debounce periods.
+    Capped,
+    /// The changes ended.
+    Ended,
+}
+
+/// After a change, waits until no change came for `debounce`, at most [`MAX_DEBOUNCE_FACTOR`]
+/// debounce periods.
+async fn settle(changes: &mut (impl Stream<Item = ()> + Unpin), debounce: Duration) -> Settled {
     let deadline = tokio::time::Instant::now() + debounce * MAX_DEBOUNCE_FACTOR;
     loop {
         tokio::select! {
-            more = changes.next() => if more.is_none() { return false },
-            () = tokio::time::sleep(debounce) => return true,
+            more = changes.next() => if more.is_none() { return Settled::Ended },
+            () = tokio::time::sleep(debounce) => return Settled::Quiet,
         }
         if tokio::time::Instant::now() >= deadline {
-            return true;
+            return Settled::Capped;
         }
     }
 }
@@ -280,4 +368,76 @@ async fn requeue_affected(
     }
     ctx.metrics.catalog.requeued.inc_by(n as u64);
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::channel::mpsc::{UnboundedSender, unbounded};
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const DEBOUNCE: Duration = Duration::from_millis(500);
+
+    /// Sends a change every `every`, `n` times, starting after `every`.
+    fn changes_every(tx: UnboundedSender<()>, every: Duration, n: usize) {
+        tokio::spawn(async move {
+            for _ in 0..n {
+                tokio::time::sleep(every).await;
+                let _ = tx.unbounded_send(());
+            }
+            // Keep the stream open: the test decides when it ends.
+            std::future::pending::<()>().await;
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_settles_when_it_has_been_quiet_for_a_debounce_period() {
+        let (tx, mut rx) = unbounded();
+        tx.unbounded_send(()).expect("send");
+        changes_every(tx, Duration::from_millis(100), 3);
+        let start = Instant::now();
+        assert!(matches!(next_wake(&mut rx, DEBOUNCE, None).await, Wake::Changed(Settled::Quiet)));
+        assert_eq!(start.elapsed(), Duration::from_millis(300) + DEBOUNCE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_that_goes_on_is_cut_after_five_debounce_periods() {
+        let (tx, mut rx) = unbounded();
+        tx.unbounded_send(()).expect("send");
+        changes_every(tx, Duration::from_millis(100), 1000);
+        let start = Instant::now();
+        assert!(matches!(next_wake(&mut rx, DEBOUNCE, None).await, Wake::Changed(Settled::Capped)));
+        assert_eq!(start.elapsed(), DEBOUNCE * MAX_DEBOUNCE_FACTOR);
+        // Waiting on for the end of the burst: still going, cut again.
+        assert_eq!(settle(&mut rx, DEBOUNCE).await, Settled::Capped);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recheck_wakes_the_loop_without_a_change() {
+        let (_tx, mut rx) = unbounded::<()>();
+        let at = Instant::now() + Duration::from_secs(2);
+        assert!(matches!(next_wake(&mut rx, DEBOUNCE, Some(at)).await, Wake::Recheck));
+        assert_eq!(Instant::now(), at);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recheck_never_cuts_a_burst_short() {
+        let (tx, mut rx) = unbounded();
+        // The first change comes before the recheck, the burst goes on past it.
+        changes_every(tx, Duration::from_millis(300), 5);
+        let start = Instant::now();
+        let wake = next_wake(&mut rx, DEBOUNCE, Some(start + Duration::from_millis(400))).await;
+        assert!(matches!(wake, Wake::Changed(Settled::Quiet)));
+        assert_eq!(start.elapsed(), Duration::from_millis(1500) + DEBOUNCE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_loop_ends_with_its_changes() {
+        let (tx, mut rx) = unbounded::<()>();
+        drop(tx);
+        assert!(matches!(next_wake(&mut rx, DEBOUNCE, None).await, Wake::Ended));
+    }
 }
