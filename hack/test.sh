@@ -3,7 +3,8 @@
 #
 #   hack/test.sh
 #
-# Steps: toolchains, kube-apiserver, etcd and kube-controller-manager binaries
+# Steps: toolchains, libfaketime (installed with apt-get when missing and run as root),
+# kube-apiserver, etcd and kube-controller-manager binaries
 # (hack/k8s-bins.sh: built from source on the first run, 15-30 minutes on 2 cores, cached in
 # ~/.cache/catalogsync afterwards),
 # kustomize (hack/kustomize.sh, same cache),
@@ -75,6 +76,22 @@ command -v go >/dev/null || abort "go not found: install Go (https://go.dev/dl);
 cargo fmt --version >/dev/null 2>&1 || abort "rustfmt missing: rustup component add rustfmt"
 cargo clippy --version >/dev/null 2>&1 || abort "clippy missing: rustup component add clippy"
 printf '%s\n%s\n%s\n' "$(cargo --version)" "$(rustc --version)" "$(go version)"
+
+header "libfaketime (tests/sharding_faults.rs runs a replica whose wall clock is offset)"
+faketime_installed() {
+  compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || [[ -f /usr/lib/faketime/libfaketime.so.1 ]]
+}
+if ! faketime_installed; then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+    echo "installing libfaketime with apt-get"
+    { apt-get install -y -q libfaketime || { apt-get update -q && apt-get install -y -q libfaketime; }; } >/dev/null ||
+      abort "apt-get could not install libfaketime"
+  else
+    abort "libfaketime missing: install the Debian/Ubuntu package libfaketime (as root: apt-get install libfaketime)"
+  fi
+fi
+faketime_installed || abort "libfaketime is still missing after installing it"
+echo "libfaketime: installed"
 
 header "kube-apiserver, etcd and kube-controller-manager (hack/k8s-bins.sh; first run builds them, 15-30 min on 2 cores)"
 bins="$(hack/k8s-bins.sh)" || abort "hack/k8s-bins.sh failed to provide kube-apiserver, etcd and kube-controller-manager"

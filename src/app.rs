@@ -124,6 +124,9 @@ pub async fn run_with(
 ) -> Result<(), AppError> {
     let metrics = Metrics::new().map_err(AppError::Metrics)?;
     let ns = args.kcp_namespace.clone();
+    // This process's nonce: in its member Lease, the shard Leases it claims, and the user
+    // agent of its SKR requests (so SKR audit logs tell two processes of one identity apart).
+    let nonce = membership::new_nonce();
     let settings = Settings {
         sync_namespace: args.sync_namespace.clone(),
         restricted_modules: args.restricted_set(),
@@ -134,6 +137,7 @@ pub async fn run_with(
         sync_timeout: args.sync_timeout,
         backoff_min: args.backoff_min,
         backoff_max: args.backoff_max,
+        kcp_request_timeout: args.kcp_request_timeout,
     };
 
     // KCP caches.
@@ -182,19 +186,19 @@ pub async fn run_with(
         })
         .instrument(info_span!("secrets"));
     let (kyma_store, kyma_writer) = reflector::store();
-    let kyma_stream = watcher(Api::<Kyma>::namespaced(kcp.clone(), &ns), watcher::Config::default())
-        .default_backoff()
-        .modify(reconciler::trim)
-        .reflect(kyma_writer)
-        .applied_objects()
-        .predicate_filter(reconciler::trigger_hash, PredicateConfig::default());
 
     let (catalog_tx, catalog_rx) = watch::channel(Arc::new(CatalogState::default()));
     let (requeue_tx, requeue_rx) = mpsc::channel(REQUEUE_CAPACITY);
     let shards = ShardView::new(args.shards);
     let ctx = Arc::new(Context {
         kcp: kcp.clone(),
-        pool: SkrPool::new(kcp.clone(), ns.clone(), access_settings(&args, kcp_addrs, &metrics), metrics.skr.clone()),
+        pool: SkrPool::new(
+            kcp.clone(),
+            ns.clone(),
+            access_settings(&args, &nonce, kcp_addrs, &metrics),
+            args.kcp_request_timeout,
+            metrics.skr.clone(),
+        ),
         settings,
         full_lists: tokio::sync::Semaphore::new(args.full_list_concurrency),
         metrics: metrics.clone(),
@@ -207,6 +211,20 @@ pub async fn run_with(
         shards: shards.clone(),
         book: Book::default(),
     });
+    let deleted_ctx = Arc::clone(&ctx);
+    let kyma_stream = watcher(Api::<Kyma>::namespaced(kcp.clone(), &ns), watcher::Config::default())
+        .default_backoff()
+        .modify(reconciler::trim)
+        .reflect(kyma_writer)
+        .inspect_ok(move |event| {
+            // Deletes never reach the controller (applied objects only); a Kyma deleted
+            // without finalizers shows no deletionTimestamp first.
+            if let watcher::Event::Delete(kyma) = event {
+                deleted_ctx.forget_kyma(&ObjectRef::from_obj(kyma));
+            }
+        })
+        .applied_objects()
+        .predicate_filter(reconciler::trigger_hash, PredicateConfig::default());
 
     // Leases: one cache for member and shard Leases, shared by the agent and the coordinator.
     let lease_api: Api<Lease> = Api::namespaced(kcp.clone(), &args.lease_namespace);
@@ -229,21 +247,34 @@ pub async fn run_with(
         renew_deadline: args.renew_deadline,
         retry_period: args.retry_period,
         drain_timeout: args.drain_timeout,
+        request_timeout: args.skr_request_timeout,
+        kcp_request_timeout: args.kcp_request_timeout,
     };
-    let membership_task = membership::run(
-        lease_api.clone(),
-        args.identity.clone(),
-        shards.clone(),
+    // Cancelled by the shard agent once it released its shards on shutdown; only then is the
+    // member Lease deleted.
+    let shards_released = CancellationToken::new();
+    // A round of either loop takes a retry period plus a few bounded KCP requests.
+    let max_silence = 3 * (args.retry_period + 3 * args.kcp_request_timeout);
+    let membership_beat = crate::health::Heartbeat::new("member Lease", max_silence);
+    let agent_beat = crate::health::Heartbeat::new("shard agent", max_silence);
+    let membership_task = membership::Member {
+        api: lease_api.clone(),
+        identity: args.identity.clone(),
+        nonce: nonce.clone(),
+        view: shards.clone(),
         timing,
-        metrics.shard.clone(),
-        shutdown.clone(),
-    )
+        metrics: metrics.shard.clone(),
+        heartbeat: membership_beat.clone(),
+        leases: lease_store.clone(),
+    }
+    .run(shutdown.clone(), shards_released.clone())
     .instrument(info_span!("membership"));
     let (debug_tx, debug_rx) = watch::channel(ShardsDebug::default());
     let release_ctx = Arc::clone(&ctx);
     let agent = Agent {
         api: lease_api.clone(),
         identity: args.identity.clone(),
+        nonce,
         view: shards.clone(),
         timing,
         leases: lease_store.clone(),
@@ -257,8 +288,10 @@ pub async fn run_with(
         metrics: metrics.shard.clone(),
         sync_metrics: metrics.sync.clone(),
         debug: debug_tx,
+        heartbeat: agent_beat.clone(),
     };
-    let agent_task = agent.run(lease_changed_rx.clone(), shutdown.clone()).instrument(info_span!("shards"));
+    let agent_task =
+        agent.run(lease_changed_rx.clone(), shutdown.clone(), shards_released).instrument(info_span!("shards"));
     let coordinator = Coordinator {
         lock: LeaseLock::new(
             kcp.clone(),
@@ -281,7 +314,13 @@ pub async fn run_with(
     let (ready_tx, ready_rx) = watch::channel(false);
     let http_shutdown = shutdown.clone();
     let http_addr = args.http_addr;
-    let http_state = HttpState { metrics: metrics.clone(), ready: ready_rx, shards: debug_rx };
+    let http_state = HttpState {
+        metrics: metrics.clone(),
+        ready: ready_rx,
+        shards: debug_rx,
+        view: shards.clone(),
+        heartbeats: vec![membership_beat, agent_beat],
+    };
     let http_task = async move {
         if let Err(error) = http::serve(http_addr, http_state, async move { http_shutdown.cancelled().await }).await {
             error!(error = &error as &dyn std::error::Error, %http_addr, "HTTP server failed");
@@ -305,6 +344,7 @@ pub async fn run_with(
     .instrument(info_span!("catalog"));
 
     let controller_ctx = Arc::clone(&ctx);
+    let vanished_ctx = Arc::clone(&ctx);
     let controller_shutdown = shutdown.clone();
     let mut catalog_ready = catalog_rx.clone();
     let kyma_readiness = kyma_store.clone();
@@ -322,10 +362,14 @@ pub async fn run_with(
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(async move { controller_shutdown.cancelled().await })
             .run(reconciler::reconcile, reconciler::error_policy, controller_ctx)
-            .for_each(|res| async move {
+            .for_each(|res| {
                 if let Err(controller::Error::ObjectNotFound(obj)) = &res {
                     tracing::debug!(kyma = %obj, "Kyma vanished before its reconcile");
+                    // A requeue (catalog or Secret change, backoff, resync) of a deleted Kyma.
+                    let ns = obj.namespace.as_deref().unwrap_or_default();
+                    vanished_ctx.forget_kyma(&ObjectRef::new(&obj.name).within(ns));
                 }
+                futures::future::ready(())
             })
             .await;
     }
@@ -413,7 +457,7 @@ fn trim_secret(secret: &mut PartialObjectMeta<Secret>) {
 }
 
 /// How SKR clients are built, from the flags.
-fn access_settings(args: &RunArgs, kcp_addrs: Vec<SocketAddr>, metrics: &Metrics) -> AccessSettings {
+fn access_settings(args: &RunArgs, nonce: &str, kcp_addrs: Vec<SocketAddr>, metrics: &Metrics) -> AccessSettings {
     let destinations = Destinations::new(args.skr_allowed_destinations.clone()).deny(kcp_addrs);
     let insecure_tls = if args.allow_insecure_skr_tls {
         warn!("--allow-insecure-skr-tls is on: SKR kubeconfigs may switch TLS verification off; never in production");
@@ -428,7 +472,7 @@ fn access_settings(args: &RunArgs, kcp_addrs: Vec<SocketAddr>, metrics: &Metrics
         "SKR access rules"
     );
     AccessSettings {
-        user_agent: format!("catalogsync/{} ({})", env!("CARGO_PKG_VERSION"), args.identity),
+        user_agent: format!("catalogsync/{} ({}) process/{nonce}", env!("CARGO_PKG_VERSION"), args.identity),
         connect: SKR_CONNECT_TIMEOUT,
         destinations: Arc::new(destinations),
         insecure_tls,

@@ -168,7 +168,7 @@ pub struct RunArgs {
     pub lease_namespace: String,
 
     /// How long a member Lease stays valid without renewal. A crashed replica's shards move
-    /// after about this long.
+    /// after about this long. A whole number of seconds, as Leases store it.
     #[arg(long, env = "CATALOGSYNC_LEASE_DURATION", default_value = "15s", value_parser = parse_duration, help_heading = "Sharding")]
     pub lease_duration: Duration,
 
@@ -186,6 +186,11 @@ pub struct RunArgs {
     /// is released anyway. At least the SKR request timeout.
     #[arg(long, env = "CATALOGSYNC_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration, help_heading = "Sharding")]
     pub drain_timeout: Duration,
+
+    /// Timeout of one request to the KCP apiserver (Lease renewals and writes, access Secret
+    /// reads, condition writes, Events). Watches are not affected.
+    #[arg(long, env = "CATALOGSYNC_KCP_REQUEST_TIMEOUT", default_value = "5s", value_parser = parse_duration, help_heading = "Operations")]
+    pub kcp_request_timeout: Duration,
 
     /// Address of the HTTP server for /metrics, /healthz, /readyz and /debug/shards.
     #[arg(long, env = "CATALOGSYNC_HTTP_ADDR", default_value = "0.0.0.0:8080", help_heading = "Operations")]
@@ -240,6 +245,14 @@ impl RunArgs {
         if self.backoff_min > self.backoff_max {
             return Err("--backoff-min must not exceed --backoff-max".into());
         }
+        if self.lease_duration.subsec_nanos() != 0 {
+            return Err(format!(
+                "--lease-duration {:?} must be a whole number of seconds: Leases store leaseDurationSeconds, so a \
+                 fraction would be cut off and could break --renew-deadline plus --skr-request-timeout <= \
+                 --lease-duration",
+                self.lease_duration
+            ));
+        }
         if self.renew_deadline + self.skr_request_timeout > self.lease_duration {
             return Err("--renew-deadline plus --skr-request-timeout must not exceed --lease-duration: a fenced \
                         replica's last SKR request must end before its shards can move"
@@ -247,6 +260,9 @@ impl RunArgs {
         }
         if self.retry_period >= self.renew_deadline {
             return Err("--retry-period must be shorter than --renew-deadline".into());
+        }
+        if self.kcp_request_timeout.is_zero() {
+            return Err("--kcp-request-timeout must be positive".into());
         }
         if self.drain_timeout < self.skr_request_timeout {
             return Err("--drain-timeout must be at least --skr-request-timeout".into());
@@ -346,6 +362,24 @@ mod tests {
     }
 
     #[test]
+    fn catalog_shrink_threshold_is_a_fraction_that_defaults_to_half() {
+        let parse = |flags: &[&str]| {
+            let cli = Cli::try_parse_from(["catalogsync", "run"].iter().chain(flags)).expect("flags parse");
+            let Command::Run(args) = cli.command else { unreachable!("run was given") };
+            args
+        };
+        assert_eq!(parse(&[]).catalog_shrink_threshold, 0.5);
+        for ok in ["0", "0.25", "1"] {
+            assert_eq!(parse(&["--catalog-shrink-threshold", ok]).validate(), Ok(()), "{ok}");
+        }
+        for bad in ["-0.1", "1.5", "NaN"] {
+            let flag = format!("--catalog-shrink-threshold={bad}");
+            let err = parse(&[&flag]).validate().expect_err(bad);
+            assert!(err.contains("--catalog-shrink-threshold"), "{err}");
+        }
+    }
+
+    #[test]
     fn durations_parse() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
@@ -367,24 +401,6 @@ mod tests {
     }
 
     #[test]
-    fn catalog_shrink_threshold_is_a_fraction_that_defaults_to_half() {
-        let parse = |flags: &[&str]| {
-            let cli = Cli::try_parse_from(["catalogsync", "run"].iter().chain(flags)).expect("flags parse");
-            let Command::Run(args) = cli.command else { unreachable!("run was given") };
-            args
-        };
-        assert_eq!(parse(&[]).catalog_shrink_threshold, 0.5);
-        for ok in ["0", "0.25", "1"] {
-            assert_eq!(parse(&["--catalog-shrink-threshold", ok]).validate(), Ok(()), "{ok}");
-        }
-        for bad in ["-0.1", "1.5", "NaN"] {
-            let flag = format!("--catalog-shrink-threshold={bad}");
-            let err = parse(&[&flag]).validate().expect_err(bad);
-            assert!(err.contains("--catalog-shrink-threshold"), "{err}");
-        }
-    }
-
-    #[test]
     fn defaults_validate() {
         let cli = Cli::try_parse_from(["catalogsync", "run"]).expect("defaults parse");
         let Command::Run(args) = cli.command else { unreachable!("run was given") };
@@ -394,5 +410,40 @@ mod tests {
         assert_eq!(args.skr_allowed_destinations, [Rule::Public]);
         assert!(!args.allow_insecure_skr_tls);
         assert_eq!(args.skr_max_response_size, 8 << 20);
+    }
+
+    fn run_args(flags: &[&str]) -> RunArgs {
+        let cli = Cli::try_parse_from(["catalogsync", "run"].iter().chain(flags)).expect("flags parse");
+        let Command::Run(args) = cli.command else { unreachable!("run was given") };
+        *args
+    }
+
+    #[test]
+    fn lease_duration_must_be_whole_seconds() {
+        let err = run_args(&["--lease-duration", "12500ms", "--renew-deadline", "9s"]).validate().expect_err("12.5 s");
+        assert!(err.contains("--lease-duration") && err.contains("whole number of seconds"), "{err}");
+        let err = run_args(&["--lease-duration", "15s1ms"]).validate().expect_err("15.001 s");
+        assert!(err.contains("whole number of seconds"), "{err}");
+        // Whole seconds in any unit are fine.
+        assert_eq!(run_args(&["--lease-duration", "16000ms"]).validate(), Ok(()));
+        assert_eq!(run_args(&["--lease-duration", "1m"]).validate(), Ok(()));
+    }
+
+    #[test]
+    fn lease_seconds_round_up() {
+        let timing = |lease_duration| crate::sharding::Timing {
+            lease_duration,
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(3),
+            kcp_request_timeout: Duration::from_secs(5),
+        };
+        assert_eq!(timing(Duration::from_secs(15)).lease_secs(), 15);
+        assert_eq!(timing(Duration::from_millis(12_500)).lease_secs(), 13, "never shorter than asked");
+        assert_eq!(timing(Duration::from_millis(15_001)).lease_secs(), 16);
+        assert_eq!(timing(Duration::from_millis(300)).lease_secs(), 1);
+        assert_eq!(timing(Duration::ZERO).lease_secs(), 1, "a Lease needs at least a second");
+        assert_eq!(timing(Duration::from_secs(u64::MAX)).lease_secs(), i32::MAX);
     }
 }

@@ -1,5 +1,6 @@
-//! The HTTP server: `/metrics`, `/healthz` (liveness: the process serves), `/readyz`
-//! (ready only after the KCP caches have synced).
+//! The HTTP server: `/metrics`, `/healthz` and `/livez` (liveness: the member Lease loop and
+//! the shard agent make progress), `/readyz`
+//! (ready once the KCP caches have synced, and only while the member Lease is fresh).
 
 use std::net::SocketAddr;
 
@@ -10,7 +11,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::sync::watch;
 
+use crate::health::Heartbeat;
 use crate::metrics::Metrics;
+use crate::sharding::ShardView;
 use crate::sharding::agent::ShardsDebug;
 
 /// Shared state of the handlers.
@@ -22,14 +25,18 @@ pub struct HttpState {
     pub ready: watch::Receiver<bool>,
     /// The shard view.
     pub shards: watch::Receiver<ShardsDebug>,
+    /// The ownership gate: a fenced replica is not ready.
+    pub view: ShardView,
+    /// The loops whose progress liveness requires.
+    pub heartbeats: Vec<Heartbeat>,
 }
 
 /// The router; tested without binding a port.
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/livez", get(|| async { "ok" }))
+        .route("/healthz", get(livez))
+        .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/debug/shards", get(debug_shards))
         .with_state(state)
@@ -43,11 +50,23 @@ async fn debug_shards(State(state): State<HttpState>) -> impl IntoResponse {
     axum::Json(state.shards.borrow().clone())
 }
 
+async fn livez(State(state): State<HttpState>) -> impl IntoResponse {
+    match state.heartbeats.iter().find(|h| h.is_stale()) {
+        Some(h) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the {} loop made no progress for {:.0}s", h.name(), h.silence().as_secs_f64()),
+        ),
+        None => (StatusCode::OK, "ok".to_owned()),
+    }
+}
+
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
-    if *state.ready.borrow() {
-        (StatusCode::OK, "ready")
-    } else {
+    if !*state.ready.borrow() {
         (StatusCode::SERVICE_UNAVAILABLE, "waiting for the KCP caches to sync")
+    } else if state.view.is_fenced() {
+        (StatusCode::SERVICE_UNAVAILABLE, "fenced: the member Lease was not renewed within the renew deadline")
+    } else {
+        (StatusCode::OK, "ready")
     }
 }
 
@@ -85,10 +104,15 @@ mod tests {
         let metrics = Metrics::new().expect("metrics");
         let (tx, rx) = watch::channel(false);
         let (_shards_tx, shards) = watch::channel(ShardsDebug::default());
-        let r = router(HttpState { metrics, ready: rx, shards });
+        let view = ShardView::new(4);
+        let agent = Heartbeat::new("agent", std::time::Duration::from_secs(30));
+        let r = router(HttpState { metrics, ready: rx, shards, view: view.clone(), heartbeats: vec![agent.clone()] });
         assert_eq!(get_status(r.clone(), "/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(get_status(r.clone(), "/healthz").await.0, StatusCode::OK);
         tx.send_replace(true);
+        let (status, body) = get_status(r.clone(), "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "fenced before the first renewal: {body}");
+        view.renewed(tokio::time::Instant::now(), std::time::Duration::from_secs(10));
         assert_eq!(get_status(r.clone(), "/readyz").await.0, StatusCode::OK);
         let (status, body) = get_status(r.clone(), "/metrics").await;
         assert_eq!(status, StatusCode::OK);
@@ -96,5 +120,27 @@ mod tests {
         let (status, body) = get_status(r, "/debug/shards").await;
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("\"rows\""), "{body}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn liveness_fails_when_a_loop_stops_beating() {
+        let (_tx, ready) = watch::channel(true);
+        let (_shards_tx, shards) = watch::channel(ShardsDebug::default());
+        let agent = Heartbeat::new("agent", std::time::Duration::from_secs(30));
+        let state = HttpState {
+            metrics: Metrics::new().expect("metrics"),
+            ready,
+            shards,
+            view: ShardView::new(1),
+            heartbeats: vec![agent.clone()],
+        };
+        let r = router(state);
+        assert_eq!(get_status(r.clone(), "/livez").await.0, StatusCode::OK);
+        tokio::time::advance(std::time::Duration::from_secs(31)).await;
+        let (status, body) = get_status(r.clone(), "/healthz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "the agent loop made no progress for 31s");
+        agent.beat();
+        assert_eq!(get_status(r, "/livez").await.0, StatusCode::OK);
     }
 }

@@ -8,8 +8,9 @@
 //! - [`skr`]: access Secrets and SKR clients;
 //! - [`sync`]: the controller, the catalog watcher and the executor;
 //! - [`sharding`]: the ownership gate;
-//! - [`app`], [`http`], [`metrics`], [`telemetry`], [`config`]: the process around them;
-//! - [`text`]: untrusted text made safe to print.
+//! - [`app`], [`http`], [`health`], [`metrics`], [`telemetry`], [`config`]: the process
+//!   around them;
+//! - [`text`]: untrusted text made safe to print; [`kcp`]: bounded KCP requests.
 
 pub mod api;
 pub mod app;
@@ -18,7 +19,9 @@ pub mod config;
 pub mod error;
 #[cfg(test)]
 pub mod fixtures;
+pub mod health;
 pub mod http;
+pub mod kcp;
 pub mod metrics;
 pub mod sharding;
 pub mod skr;

@@ -55,6 +55,10 @@ pub struct ShardMetrics {
     pub is_coordinator: IntGauge,
     /// `catalogsync_member_fenced`.
     pub fenced: IntGauge,
+    /// `catalogsync_member_identity_conflict`.
+    pub identity_conflict: IntGauge,
+    /// `catalogsync_shard_count_mismatch`.
+    pub shard_count_mismatch: IntGauge,
     /// `catalogsync_member_renewals_total{result}`.
     pub renewals: IntCounterVec,
     /// `catalogsync_live_members`.
@@ -125,6 +129,16 @@ impl ShardMetrics {
                 r,
                 "catalogsync_member_fenced",
                 "1 when this replica stopped SKR writes because its member Lease was not renewed in time.",
+            )?,
+            shard_count_mismatch: gauge(
+                r,
+                "catalogsync_shard_count_mismatch",
+                "1 while this replica's --shards differs from the shard count recorded in the config Lease, so it stays fenced.",
+            )?,
+            identity_conflict: gauge(
+                r,
+                "catalogsync_member_identity_conflict",
+                "1 while another process renews the member Lease of this replica's identity, so this one stays fenced.",
             )?,
             renewals: counter_vec(
                 r,
@@ -317,7 +331,7 @@ impl SkrClientMetrics {
             requests: counter_vec(
                 r,
                 "catalogsync_skr_requests_total",
-                "Requests to SKR apiservers, by verb (get, list, apply, replace, delete) and result (success, not_found, error).",
+                "Requests to SKR apiservers, by verb (get, list, apply, replace, delete) and result (success, not_found, conflict, error).",
                 &["verb", "result"],
             )?,
             clients: gauge(
@@ -328,7 +342,7 @@ impl SkrClientMetrics {
             evictions: counter_vec(
                 r,
                 "catalogsync_skr_client_evictions_total",
-                "Cached SKR accesses dropped, by reason (secret_changed, error, released).",
+                "Cached SKR accesses dropped, by reason (secret_changed, error, released, deleted).",
                 &["reason"],
             )?,
             insecure_tls_allowed: gauge(
@@ -344,6 +358,7 @@ impl SkrClientMetrics {
         let label = match result {
             Ok(_) => "success",
             Err(kube::Error::Api(s)) if s.code == 404 => "not_found",
+            Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
             Err(_) => "error",
         };
         self.requests.with_label_values(&[verb, label]).inc();
@@ -415,9 +430,9 @@ mod known {
     pub const SKIP_REASONS: &[&str] = &["deleting", "skip_reconciliation"];
     /// `catalogsync_skr_requests_total` `verb` and `result`.
     pub const SKR_VERBS: &[&str] = &["get", "list", "apply", "replace", "delete"];
-    pub const SKR_RESULTS: &[&str] = &["success", "not_found", "error"];
+    pub const SKR_RESULTS: &[&str] = &["success", "not_found", "conflict", "error"];
     /// `catalogsync_skr_client_evictions_total` `reason`.
-    pub const EVICTION_REASONS: &[&str] = &["secret_changed", "error", "released"];
+    pub const EVICTION_REASONS: &[&str] = &["secret_changed", "error", "released", "deleted"];
     /// `catalogsync_shard_handovers_total` `op`.
     pub const HANDOVER_OPS: &[&str] = &["claimed", "resumed", "drained", "released", "dropped"];
     /// `catalogsync_member_renewals_total` and `catalogsync_sync_runs_total` `result`.

@@ -295,6 +295,68 @@ async fn drift_is_repaired_and_user_objects_are_left_alone() {
     assert_eq!(spec_of(&mine), own["spec"]);
 }
 
+/// Prunes delete a copy only as it was listed: each DELETE carries the copy's UID and
+/// resourceVersion as preconditions (the SKR's audit log holds the `DeleteOptions` of catalog
+/// deletes), so a copy recreated or changed since the list would stay. Both a cold prune
+/// (after a full list) and a warm one (after a metadata-only list) are checked.
+#[tokio::test]
+async fn prunes_carry_the_listed_uid_and_resource_version_as_preconditions() {
+    let env = common::env();
+    let skr = &env.skr_b;
+    let mut s = Scenario::new("prune-pre").await.expect("scenario");
+    s.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
+    s.add_kyma("k", skr, &[]).await.expect("kyma");
+
+    // Before catalogsync runs: a stale copy written under field manager catalog-sync.
+    common::create_namespace(&skr.admin_client(), &s.sync_ns).await.expect("ns");
+    common::install_catalogsync_crds(skr).await.expect("crds");
+    let mut stale = mt("old", "0.1.0");
+    stale["metadata"]["namespace"] = serde_json::json!(s.sync_ns);
+    let mts = s.skr_api(skr, MT);
+    let ssa = kube::api::PatchParams::apply("catalog-sync").force();
+    let stale = mts.patch("old-0.1.0", &ssa, &kube::api::Patch::Apply(&stale)).await.expect("stale copy");
+
+    s.start(&[]).expect("start");
+    s.await_skr_names(skr, MT, &["keda-1.0.0"], PROMPT).await;
+    s.await_condition("k", "True", "CatalogSynced", PROMPT).await;
+
+    // A module that comes and goes: its copies are pruned by a warm sync.
+    s.apply_catalog(&[mt("serverless", "1.6.0"), mrm("serverless", &[("regular", "1.6.0")])]).await.expect("add");
+    s.await_skr_names(skr, MT, &["keda-1.0.0", "serverless-1.6.0"], PROMPT).await;
+    s.await_skr_names(skr, MRM, &["keda", "serverless"], PROMPT).await;
+    let copy = mts.get("serverless-1.6.0").await.expect("the serverless copy");
+    s.delete_catalog(MRM, "serverless").await.expect("delete mrm");
+    s.delete_catalog(MT, "serverless-1.6.0").await.expect("delete mt");
+    s.await_skr_names(skr, MT, &["keda-1.0.0"], PROMPT).await;
+    s.await_skr_names(skr, MRM, &["keda"], PROMPT).await;
+
+    let user = s.skr_user("k");
+    let deletes: Vec<common::AuditEvent> = skr
+        .read_audit_events()
+        .into_iter()
+        .filter(|e| e.verb == "delete" && e.user.username == user && e.namespace() == Some(s.sync_ns.as_str()))
+        .filter(|e| e.stage == "ResponseComplete")
+        .collect();
+    let summary: Vec<String> = deletes
+        .iter()
+        .map(|e| format!("{} {:?} -> {} {:?}", e.resource(), e.name(), e.code(), e.request_object))
+        .collect();
+    assert_eq!(deletes.len(), 3, "deletes by {user}: {summary:#?}");
+    for (obj, resource) in [(&stale, MT), (&copy, MT)] {
+        let name = obj.metadata.name.as_deref();
+        let delete = deletes.iter().find(|e| e.resource() == resource && e.name() == name).expect("its delete");
+        assert_eq!(delete.code(), 200, "{summary:#?}");
+        let preconditions = delete.request_object.as_ref().map(|o| o["preconditions"].clone());
+        let listed = serde_json::json!({"uid": obj.metadata.uid, "resourceVersion": obj.metadata.resource_version});
+        assert_eq!(preconditions, Some(listed), "{name:?}: {summary:#?}");
+    }
+    let mrm_delete = deletes.iter().find(|e| e.resource() == MRM).expect("the MRM's delete");
+    let preconditions = mrm_delete.request_object.as_ref().map(|o| o["preconditions"].clone()).unwrap_or_default();
+    assert!(preconditions["uid"].is_string() && preconditions["resourceVersion"].is_string(), "{summary:#?}");
+    assert_eq!(s.metric("catalogsync_skr_requests_total", &["verb=\"delete\"", "result=\"conflict\""]).await, 0.0);
+    assert!(s.metric("catalogsync_sync_runs_total", &["result=\"error\""]).await == 0.0, "{}", s.log());
+}
+
 #[tokio::test]
 async fn skr_crds_are_created_when_missing_and_not_rewritten_when_equal() {
     let env = common::env();

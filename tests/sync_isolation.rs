@@ -6,6 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use catalogsync::sharding::ring::shard_of;
 use common::scenario::{MRM, MT, Scenario, mrm, mt};
 use common::{AuditEvent, ControlPlane};
 use serde_json::Value;
@@ -13,6 +14,8 @@ use serde_json::Value;
 /// Catalog changes must arrive well within this, without a periodic resync.
 const PROMPT: Duration = Duration::from_secs(15);
 const SKIP_RECONCILIATION: &str = "operator.kyma-project.io/skip-reconciliation";
+/// `--shards` of [`Scenario::start`].
+const SCENARIO_SHARDS: u32 = 4;
 
 /// The catalog every scenario starts with.
 fn base_catalog() -> Vec<Value> {
@@ -309,6 +312,120 @@ async fn deleting_kyma_gets_no_skr_write() {
     assert_eq!(s.skr_names(&env.skr_b, MT).await, BASE_MTS.iter().map(|n| (*n).to_owned()).collect());
     assert_eq!(s.skr_names(&env.skr_b, MRM).await, BASE_MRMS.iter().map(|n| (*n).to_owned()).collect());
     assert!(s.catalogsync_running(), "catalogsync exited");
+}
+
+/// A Kyma deleted without finalizers (so never seen with a `deletionTimestamp`) is forgotten
+/// at once: its cached SKR access is dropped (eviction reason `deleted`), and the healthy
+/// Kyma next to it keeps its access and its catalog changes.
+#[tokio::test]
+async fn kyma_deleted_without_finalizers_is_forgotten() {
+    let env = common::env();
+    let mut s = Scenario::new("iso-gone").await.expect("scenario");
+    s.apply_catalog(&base_catalog()).await.expect("catalog");
+    s.add_kyma("healthy", &env.skr_a, &[]).await.expect("kyma");
+    s.start(&[]).expect("start");
+    s.await_condition("healthy", "True", "CatalogSynced", PROMPT).await;
+    let clients = || async { s.metric("catalogsync_skr_clients", &[]).await };
+    let deleted = || async { s.metric("catalogsync_skr_client_evictions_total", &["reason=\"deleted\""]).await };
+    let before = clients().await;
+    let deleted_before = deleted().await;
+    assert_eq!(before, 1.0, "the healthy Kyma's access is cached");
+
+    s.add_kyma("gone", &env.skr_b, &[]).await.expect("kyma");
+    s.await_condition("gone", "True", "CatalogSynced", PROMPT).await;
+    s.await_skr_names(&env.skr_b, MT, BASE_MTS, PROMPT).await;
+    common::await_condition(PROMPT, "the second Kyma's access cached", || async { clients().await == before + 1.0 })
+        .await;
+
+    s.delete_kyma("gone").await.expect("delete");
+    assert!(s.kymas().get_opt("gone").await.expect("get").is_none(), "no finalizer: gone at once");
+    let started = Instant::now();
+    common::await_condition(PROMPT, "the deleted Kyma's access dropped", || async {
+        clients().await == before && deleted().await == deleted_before + 1.0
+    })
+    .await;
+    eprintln!("the deleted Kyma was forgotten {:.2}s after its deletion", started.elapsed().as_secs_f64());
+
+    // The healthy Kyma kept its access and still gets catalog changes; the deleted one is not
+    // synced again (its access Secret is still there) and leaves no queue depth.
+    let before_change = env.skr_b.read_audit_events().len();
+    s.apply_catalog(&new_module("serverless", "1.6.0")).await.expect("change");
+    s.await_skr_names(&env.skr_a, MT, &names(BASE_MTS, &["serverless-1.6.0"]), PROMPT).await;
+    s.await_condition("healthy", "True", "CatalogSynced", PROMPT).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(clients().await, before);
+    assert_eq!(deleted().await, deleted_before + 1.0, "evicted once");
+    assert_eq!(s.metric("catalogsync_queue_depth", &[]).await, 0.0, "a stuck queue depth");
+    let user = s.skr_user("gone");
+    let events = audit_since(&env.skr_b, before_change);
+    let late = writes_by(&events, &user);
+    assert!(late.is_empty(), "writes by the deleted Kyma's identity: {:?}", describe(&late));
+    assert!(s.catalogsync_running(), "catalogsync exited");
+}
+
+/// A Kyma requeued by a catalog change and deleted (without finalizers) before its sync ran
+/// leaves no queue depth behind. With `--concurrency 1` and Kymas whose SKRs stop answering
+/// keeping the one worker busy, the requeued Kyma waits in the queue when it is deleted (the
+/// test says whether it saw that); either way its shard's depth must end at 0.
+#[tokio::test]
+async fn deleted_pending_kyma_leaves_no_queue_depth() {
+    let env = common::env();
+    let mut s = Scenario::new("iso-pending").await.expect("scenario");
+    // An "SKR" that accepts TCP connections but never answers: each sync against it hangs for
+    // the request timeout (3 s) and fails, then backs off (at most 3 s) and hangs again.
+    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let hole_url = format!("https://127.0.0.1:{}", black_hole.local_addr().expect("addr").port());
+    let ns = s.ns.clone();
+    let shard = |name: &str| shard_of(&ns, name, SCENARIO_SHARDS);
+    let hanging = ["hanging-0", "hanging-1"];
+    let busy: std::collections::BTreeSet<u32> = hanging.iter().map(|h| shard(h)).collect();
+    let gone = (0..).map(|i| format!("gone-{i}")).find(|n| !busy.contains(&shard(n))).expect("a shard of its own");
+    s.apply_catalog(&base_catalog()).await.expect("catalog");
+    for h in hanging {
+        s.add_kyma(h, &env.skr_a, &[]).await.expect("kyma");
+    }
+    s.add_kyma(&gone, &env.skr_b, &[]).await.expect("kyma");
+    s.start(&["--concurrency", "1"]).expect("start");
+    for k in hanging.iter().copied().chain([gone.as_str()]) {
+        s.await_condition(k, "True", "CatalogSynced", PROMPT).await;
+    }
+
+    // The hanging Kymas' SKRs stop answering: their syncs now occupy the one worker.
+    for h in hanging {
+        let kubeconfig = s.skr_kubeconfig(h, &env.skr_a).replace(&env.skr_a.url(), &hole_url);
+        s.put_secret(h, h, &kubeconfig).await.expect("secret");
+    }
+    s.await_condition(hanging[0], "False", "SkrUnreachable", PROMPT).await;
+
+    let depth_of_gone = format!("shard=\"{}\"", shard(&gone));
+    let depth = || async { s.metric("catalogsync_queue_depth", &[&depth_of_gone]).await };
+    s.apply_catalog(&new_module("serverless", "1.6.0")).await.expect("change");
+    // Poll until the change requeued it (its shard holds only it), or it already synced.
+    let deadline = Instant::now() + PROMPT;
+    let mut pending = false;
+    while Instant::now() < deadline {
+        if depth().await >= 1.0 {
+            pending = true;
+            break;
+        }
+        if s.skr_names(&env.skr_b, MT).await.contains("serverless-1.6.0") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.delete_kyma(&gone).await.expect("delete");
+    let deleted_at = Instant::now();
+    eprintln!("the Kyma was {}pending in the queue when deleted", if pending { "" } else { "not " });
+    common::await_condition(PROMPT, "no queue depth left in the deleted Kyma's shard", || async {
+        depth().await == 0.0
+    })
+    .await;
+    eprintln!("its shard's queue depth was 0 {:.2}s after the deletion", deleted_at.elapsed().as_secs_f64());
+    // Long enough for the busy worker to have reached the deleted Kyma's requeue.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(depth().await, 0.0, "a stuck queue depth");
+    assert!(s.catalogsync_running(), "catalogsync exited");
+    drop(black_hole);
 }
 
 /// SIGTERM ends catalogsync with exit status 0 within 10 s, also with a sync hanging on an

@@ -314,6 +314,11 @@ fn resource_version(i: usize) -> String {
     (48_213_377 + i).to_string()
 }
 
+/// The UID of the `i`-th object of a simulated SKR.
+fn uid(i: usize) -> String {
+    format!("0a1b2c3d-4e5f-4a6b-8c7d-{i:012x}")
+}
+
 /// What a warm sync observes of `desired` in an SKR that holds exactly it (a metadata-only list),
 /// and what the replica remembers of its last write there: every object unchanged.
 pub fn warm_skr(desired: &BTreeMap<String, DesiredObject>) -> (Vec<Observed>, KindMemory) {
@@ -322,7 +327,7 @@ pub fn warm_skr(desired: &BTreeMap<String, DesiredObject>) -> (Vec<Observed>, Ki
     for (i, (name, want)) in desired.iter().enumerate() {
         let rv = resource_version(i);
         memory.remember(name, &rv, want.hash);
-        observed.push(Observed { name: name.clone(), resource_version: rv, managed: true, content: None });
+        observed.push(Observed { name: name.clone(), uid: uid(i), resource_version: rv, managed: true, content: None });
     }
     (observed, memory)
 }
@@ -340,7 +345,7 @@ pub fn cold_skr(desired: &BTreeMap<String, DesiredObject>) -> (Vec<Observed>, Ki
             let mut content: Value = want.body.value().expect("the body is JSON");
             let meta = &mut content["metadata"];
             meta["resourceVersion"] = json!(rv);
-            meta["uid"] = json!(format!("0a1b2c3d-4e5f-4a6b-8c7d-{i:012x}"));
+            meta["uid"] = json!(uid(i));
             meta["generation"] = json!(1);
             meta["creationTimestamp"] = json!("2025-06-03T10:00:00Z");
             meta["managedFields"] = json!([{
@@ -353,6 +358,7 @@ pub fn cold_skr(desired: &BTreeMap<String, DesiredObject>) -> (Vec<Observed>, Ki
             }]);
             Observed {
                 name: name.clone(),
+                uid: uid(i),
                 resource_version: rv,
                 managed: true,
                 content: Some(CopyDigest::of(&content)),

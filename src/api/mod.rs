@@ -148,11 +148,29 @@ pub const LEASE_TYPE_LABEL: &str = "catalogsync.kyma-project.io/lease-type";
 pub const LEASE_TYPE_MEMBER: &str = "member";
 /// [`LEASE_TYPE_LABEL`] value of a shard Lease.
 pub const LEASE_TYPE_SHARD: &str = "shard";
+/// [`LEASE_TYPE_LABEL`] value of the [`CONFIG_LEASE`].
+pub const LEASE_TYPE_CONFIG: &str = "config";
+/// Name of the Lease that records settings every replica must share: the shard count.
+pub const CONFIG_LEASE: &str = "catalogsync-config";
+/// Annotation on the [`CONFIG_LEASE`]: the shard count of the deployment. A replica started
+/// with another `--shards` stays fenced; changing it is a procedure (docs/operations.md).
+pub const SHARDS_ANNOTATION: &str = "catalogsync.kyma-project.io/shards";
 /// Annotation on a shard Lease naming the replica the coordinator wants to hold it.
 pub const DESIRED_HOLDER_ANNOTATION: &str = "catalogsync.kyma-project.io/desired-holder";
 /// Annotation on a shard Lease: when the coordinator last changed the desired holder
 /// (RFC 3339), the start of a handover.
 pub const HANDOVER_STARTED_ANNOTATION: &str = "catalogsync.kyma-project.io/handover-started";
+
+/// Annotation of a member Lease, and of a shard Lease it holds: a random value of the process
+/// that holds it, so that two processes running under one identity notice each other, and a
+/// replica knows whether a shard Lease was last written by this process (see
+/// `sharding::handover`).
+pub const MEMBER_NONCE_ANNOTATION: &str = "catalogsync.kyma-project.io/process-nonce";
+
+/// Annotation a replica sets on its member Lease, with its process nonce, when it shut down
+/// after releasing its shards: the coordinator counts it as gone at once instead of a lease
+/// duration after the Lease disappeared.
+pub const MEMBER_LEFT_ANNOTATION: &str = "catalogsync.kyma-project.io/left";
 /// Name of the coordinator election Lease.
 pub const COORDINATOR_LEASE: &str = "catalogsync-coordinator";
 /// Annotation on the [`COORDINATOR_LEASE`] a human sets to let a catalog state through that

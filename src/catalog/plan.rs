@@ -13,6 +13,9 @@
 //!   changes the hash. Either leads to an apply.
 //!
 //! Orphans are copies carrying a `catalog-sync` managed-fields entry that are not desired.
+//! Each is planned with the UID and `resourceVersion` it was listed with ([`Orphan`]), and
+//! deleted only if it still has both: a copy recreated or changed since the list is judged
+//! again by the next sync, not deleted on the strength of an old list.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -24,6 +27,8 @@ use crate::catalog::render::CopyDigest;
 pub struct Observed {
     /// Object name.
     pub name: String,
+    /// Its `metadata.uid` ("" when the SKR sent none).
+    pub uid: String,
     /// Its `resourceVersion`.
     pub resource_version: String,
     /// Whether a `catalog-sync` managed-fields entry exists, that is, whether it is ours to prune.
@@ -121,13 +126,26 @@ impl KindMemory {
     }
 }
 
+/// A managed orphan to delete, as it was listed. The delete carries its UID and
+/// `resourceVersion` as preconditions, so a copy recreated (new UID) or changed (new
+/// `resourceVersion`) since the list is not deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    /// Object name.
+    pub name: String,
+    /// Its `metadata.uid` when listed ("" when the SKR sent none: no UID precondition then).
+    pub uid: String,
+    /// Its `resourceVersion` when listed ("" when the SKR sent none: no version precondition).
+    pub resource_version: String,
+}
+
 /// The work for one kind in one SKR.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Plan {
     /// Objects to apply.
     pub apply: Vec<DesiredObject>,
-    /// Names of managed orphans to delete.
-    pub prune: Vec<String>,
+    /// Managed orphans to delete.
+    pub prune: Vec<Orphan>,
     /// Objects already right: name, resourceVersion and desired hash to remember.
     pub unchanged: Vec<(String, String, u64)>,
 }
@@ -159,7 +177,11 @@ pub fn plan(desired: &BTreeMap<String, DesiredObject>, observed: &[Observed], me
     }
     for have in observed {
         if have.managed && !desired.contains_key(&have.name) {
-            out.prune.push(have.name.clone());
+            out.prune.push(Orphan {
+                name: have.name.clone(),
+                uid: have.uid.clone(),
+                resource_version: have.resource_version.clone(),
+            });
         }
     }
     out

@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 use crate::api::Kyma;
 use crate::metrics::{ShardMetrics, SyncMetrics};
 use crate::sharding::handover::{Action, Facts, Local, decide};
-use crate::sharding::lease::{self, handover_started, is_shard, shard_number, with_holder};
+use crate::sharding::lease::{self, claimed, handover_started, holder_nonce, is_shard, released, shard_number};
 use crate::sharding::{ShardView, Timing};
 
 /// Called with the Kymas of a shard this replica stopped working on (to drop their clients).
@@ -62,6 +62,8 @@ pub struct Agent {
     pub api: Api<Lease>,
     /// This replica.
     pub identity: String,
+    /// This process's nonce, written into the shard Leases it claims.
+    pub nonce: String,
     /// Ownership gate.
     pub view: ShardView,
     /// Timings.
@@ -80,6 +82,8 @@ pub struct Agent {
     pub sync_metrics: SyncMetrics,
     /// Published shard view.
     pub debug: watch::Sender<ShardsDebug>,
+    /// Beaten every round and before every Lease write.
+    pub heartbeat: crate::health::Heartbeat,
 }
 
 struct Written {
@@ -89,13 +93,15 @@ struct Written {
 }
 
 impl Agent {
-    /// Runs until `token` is cancelled, then releases every shard it holds.
-    pub async fn run(self, mut changed: watch::Receiver<()>, token: CancellationToken) {
+    /// Runs until `token` is cancelled, then releases every shard it holds and cancels
+    /// `released`.
+    pub async fn run(self, mut changed: watch::Receiver<()>, token: CancellationToken, released: CancellationToken) {
         let shards = self.view.shards() as usize;
         let mut local = vec![Local::Idle; shards];
         let mut written: HashMap<u32, Written> = HashMap::new();
+        let mut uids: HashMap<u32, String> = HashMap::new();
         loop {
-            self.tick(&mut local, &mut written).await;
+            self.tick(&mut local, &mut written, &mut uids).await;
             // A sync ending matters only to a drain; otherwise thousands of syncs would each
             // cost a pass over every shard and Kyma.
             let draining = local.iter().any(|l| matches!(l, Local::Draining(_)));
@@ -107,6 +113,7 @@ impl Agent {
             }
         }
         self.release_all(&mut local, &mut written).await;
+        released.cancel();
     }
 
     /// The freshest known Lease of each shard: the cache, or what this replica wrote when the
@@ -129,7 +136,7 @@ impl Agent {
         out
     }
 
-    async fn tick(&self, local: &mut [Local], written: &mut HashMap<u32, Written>) {
+    async fn tick(&self, local: &mut [Local], written: &mut HashMap<u32, Written>, uids: &mut HashMap<u32, String>) {
         // A lapse (fenced, then renewed before this tick) counts as fenced for this tick.
         let fenced = self.view.take_lapse() || self.view.is_fenced() || self.view.is_stopping();
         if fenced {
@@ -139,6 +146,7 @@ impl Agent {
         let leases = self.current(written);
         let now = Instant::now();
         for shard in 0..self.view.shards() {
+            self.heartbeat.beat();
             let idx = shard as usize;
             let Some(lease) = leases.get(&shard) else {
                 if local[idx] != Local::Idle {
@@ -146,18 +154,43 @@ impl Agent {
                 }
                 continue;
             };
+            // A shard Lease replaced since this replica claimed it (deleted and recreated by
+            // hand) is not the one it holds, whatever it says.
+            let held = matches!(local[idx], Local::Active | Local::Draining(_));
+            if held && uids.get(&shard).is_some_and(|uid| lease.uid().as_deref() != Some(uid.as_str())) {
+                warn!(shard, "Shard Lease was replaced since it was claimed; stopped working on the shard");
+                self.drop_shard(shard, local, "dropped");
+                continue;
+            }
+            let st = lease::state(lease);
+            let clean = match st.holder.as_str() {
+                "" => holder_nonce(lease).is_empty(),
+                holder if holder == self.identity => holder_nonce(lease) == self.nonce,
+                _ => false,
+            };
             let facts = Facts {
                 me: &self.identity,
                 now,
                 fenced,
                 in_flight: self.view.in_flight(shard),
                 drain_timeout: self.timing.drain_timeout,
+                clean,
+                settle: self.timing.drain_timeout + self.timing.request_timeout,
             };
-            match decide(&lease::state(lease), local[idx], facts) {
+            match decide(&st, local[idx], facts) {
                 Action::None => {}
+                Action::Wait => {
+                    local[idx] = Local::Pending(now);
+                    info!(
+                        shard,
+                        settle_seconds = facts.settle.as_secs_f64(),
+                        "Shard offered by a Lease another process may have written last; waiting before the first write"
+                    );
+                }
+                Action::Forget => local[idx] = Local::Idle,
                 Action::Claim => {
-                    let next = with_holder(lease, &self.identity, Timestamp::now());
-                    match self.write(shard, lease, next, written).await {
+                    let next = claimed(lease, &self.identity, &self.nonce, Timestamp::now());
+                    match self.write(shard, lease, next, written, uids).await {
                         Ok(()) => {
                             if let Some(started) = handover_started(lease) {
                                 let secs = Timestamp::now().duration_since(started).as_secs_f64();
@@ -172,8 +205,8 @@ impl Agent {
                 }
                 Action::Resume => {
                     // Confirm with a write: the cache may be stale (after a fence).
-                    let next = with_holder(lease, &self.identity, Timestamp::now());
-                    match self.write(shard, lease, next, written).await {
+                    let next = claimed(lease, &self.identity, &self.nonce, Timestamp::now());
+                    match self.write(shard, lease, next, written, uids).await {
                         Ok(()) => self.activate(shard, local, "resumed").await,
                         Err(error) => {
                             debug!(shard, error = &error as &dyn std::error::Error, "Could not resume a shard")
@@ -187,8 +220,8 @@ impl Agent {
                     info!(shard, in_flight = facts.in_flight, "Draining shard");
                 }
                 Action::Release => {
-                    let next = with_holder(lease, "", Timestamp::now());
-                    match self.write(shard, lease, next, written).await {
+                    let next = released(lease, Timestamp::now());
+                    match self.write(shard, lease, next, written, uids).await {
                         Ok(()) => self.drop_shard(shard, local, "released"),
                         Err(error) => warn!(shard, error = &error as &dyn std::error::Error, "Failed to release shard"),
                     }
@@ -205,8 +238,10 @@ impl Agent {
         base: &Lease,
         next: Lease,
         written: &mut HashMap<u32, Written>,
+        uids: &mut HashMap<u32, String>,
     ) -> Result<(), kube::Error> {
-        let result = lease::write(&self.api, &next).await?;
+        let result = lease::write(&self.api, &next, self.timing.kcp_request_timeout).await?;
+        uids.insert(shard, result.uid().unwrap_or_default());
         written.insert(shard, Written { base: base.resource_version().unwrap_or_default(), lease: result });
         Ok(())
     }
@@ -262,6 +297,7 @@ impl Agent {
                         "active"
                     }
                     Local::Draining(_) => "draining",
+                    Local::Pending(_) => "pending",
                 };
                 ShardRow {
                     shard,
@@ -309,14 +345,14 @@ impl Agent {
         }
         let leases = self.current(written);
         for shard in 0..self.view.shards() {
-            if local[shard as usize] == Local::Idle {
+            if !matches!(local[shard as usize], Local::Active | Local::Draining(_)) {
                 continue;
             }
             let Some(lease) = leases.get(&shard) else { continue };
             if lease::state(lease).holder != self.identity {
                 continue;
             }
-            match lease::write(&self.api, &with_holder(lease, "", Timestamp::now())).await {
+            match lease::write(&self.api, &released(lease, Timestamp::now()), self.timing.kcp_request_timeout).await {
                 Ok(_) => self.drop_shard(shard, local, "released"),
                 Err(error) => {
                     warn!(shard, error = &error as &dyn std::error::Error, "Failed to release shard on shutdown")

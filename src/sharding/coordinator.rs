@@ -3,6 +3,15 @@
 //! members, and releases shards whose holder's member Lease expired. It resumes from the
 //! Leases alone: a new coordinator computes the same assignment and moves nothing that is
 //! well placed.
+//!
+//! Liveness is judged by [`Liveness`]: by when this replica observed member Leases change, on
+//! its own monotonic clock, never by comparing another node's wall clock with its own. For a
+//! lease duration after the replica starts, or after a lapse of its own member Lease, it
+//! moves no held shard: its cache may not hold the others' renewals yet (after a KCP outage,
+//! say), and it only assigns shards nobody holds. It observes whether it leads or not, so a
+//! replica elected after the coordinator died already knows who renewed lately. A shard Lease that was deleted and
+//! recreated (by hand) is not assigned before the drain timeout plus the SKR request timeout
+//! have passed, so whatever its old holder still had in flight has ended.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,9 +30,20 @@ use tracing::{info, warn};
 use crate::api::{Kyma, member_lease_name};
 use crate::metrics::ShardMetrics;
 use crate::sharding::handover::may_force_release;
-use crate::sharding::lease::{self, is_shard, live_members, new_shard, shard_number, with_desired, with_holder};
+use crate::sharding::lease::{self, is_member, is_shard, new_shard, released, shard_number, with_desired};
+use crate::sharding::liveness::Liveness;
 use crate::sharding::ring::assign;
 use crate::sharding::{ShardView, Timing};
+
+/// The shard Leases among `all` of shards below `shards`, by shard number (Leases of higher
+/// numbers are left over from a larger shard count and are not touched).
+fn shard_leases(all: &[Arc<Lease>], shards: u32) -> BTreeMap<u32, Arc<Lease>> {
+    all.iter()
+        .filter(|l| is_shard(l))
+        .filter_map(|l| Some((shard_number(l)?, Arc::clone(l))))
+        .filter(|(n, _)| *n < shards)
+        .collect()
+}
 
 /// The coordinator's inputs.
 pub struct Coordinator {
@@ -43,17 +63,79 @@ pub struct Coordinator {
     pub metrics: ShardMetrics,
 }
 
+/// What the coordinator loop observes of the Leases, whether it leads or not, so that a
+/// replica elected coordinator already knows which members renewed lately. Started afresh
+/// when the replica starts and after a lapse of its own member Lease (its cache may have
+/// missed changes meanwhile).
+struct Observed {
+    /// Observed member Lease changes.
+    liveness: Liveness,
+    /// Until when no held shard is moved: a lease duration after observing began.
+    settling_until: Instant,
+    /// The UID of each shard Lease as first seen, and until when a shard Lease recreated
+    /// meanwhile is left unassigned.
+    shard_uids: BTreeMap<u32, String>,
+    cooling_until: BTreeMap<u32, Instant>,
+    /// Since when each shard has had no live holder (while leading).
+    unowned_since: BTreeMap<u32, Instant>,
+}
+
+impl Observed {
+    fn new(timing: Timing) -> Self {
+        Self {
+            liveness: Liveness::new(timing.lease_duration),
+            settling_until: Instant::now() + timing.lease_duration,
+            shard_uids: BTreeMap::new(),
+            cooling_until: BTreeMap::new(),
+            unowned_since: BTreeMap::new(),
+        }
+    }
+
+    fn is_settled(&self, now: Instant) -> bool {
+        now >= self.settling_until
+    }
+
+    /// Notes the UID of each shard Lease; one that changed (deleted and recreated) cools down
+    /// for `cool` before it may be assigned.
+    fn note_shard_uids(&mut self, shard_leases: &BTreeMap<u32, Arc<Lease>>, now: Instant, cool: std::time::Duration) {
+        for (shard, l) in shard_leases {
+            let uid = l.uid().unwrap_or_default();
+            match self.shard_uids.insert(*shard, uid.clone()) {
+                Some(before) if before != uid => {
+                    warn!(
+                        shard,
+                        "Shard Lease was recreated; leaving it unassigned while its old holder's requests end"
+                    );
+                    self.cooling_until.insert(*shard, now + cool);
+                }
+                _ => {}
+            }
+        }
+        self.cooling_until.retain(|_, until| now < *until);
+    }
+
+    fn is_cooling(&self, shard: u32) -> bool {
+        self.cooling_until.contains_key(&shard)
+    }
+}
+
 impl Coordinator {
     /// Campaigns and coordinates until `token` is cancelled, then steps down if leading.
     pub async fn run(self, mut changed: watch::Receiver<()>, token: CancellationToken) {
         let mut leading_until: Option<Instant> = None;
         let mut next_renew = Instant::now();
-        let mut unowned_since: BTreeMap<u32, Instant> = BTreeMap::new();
+        let mut observed = Observed::new(self.timing);
+        let mut lapses = self.view.lapses();
         loop {
-            if Instant::now() >= next_renew {
+            // A fenced replica does not campaign: its view of the KCP may be stale, and a
+            // second process with its identity must not lead.
+            if Instant::now() >= next_renew && !self.view.is_fenced() {
                 let sent = Instant::now();
                 next_renew = sent + self.timing.retry_period;
-                match self.lock.try_acquire_or_renew().await {
+                let renewal = tokio::time::timeout(self.timing.kcp_request_timeout, self.lock.try_acquire_or_renew());
+                match renewal.await.unwrap_or_else(|_| {
+                    Err(kube_leader_election::Error::RenewLease(crate::kcp::timed_out(self.timing.kcp_request_timeout)))
+                }) {
                     Ok(LeaseLockResult::Acquired(_)) => {
                         if leading_until.is_none() {
                             info!("Became coordinator");
@@ -68,17 +150,24 @@ impl Coordinator {
                     Err(error) => warn!(error = &error as &dyn std::error::Error, "Failed to renew coordinator Lease"),
                 }
             }
-            // Like the member Lease: leadership not renewed within the renew deadline is lost.
-            let leading = leading_until.is_some_and(|until| Instant::now() < until);
+            // Like the member Lease: leadership not renewed within the renew deadline is lost,
+            // and so is everything learned while this replica was fenced.
+            let leading = leading_until.is_some_and(|until| Instant::now() < until) && !self.view.is_fenced();
+            if self.view.lapses() != lapses {
+                lapses = self.view.lapses();
+                info!("Member Lease lapsed: observing the other members anew before moving any held shard");
+                observed = Observed::new(self.timing);
+            }
+            let all = self.observe(&mut observed);
             self.metrics.is_coordinator.set(i64::from(leading));
             if leading {
-                self.pass(&mut unowned_since).await;
+                self.pass(&all, &mut observed).await;
             } else {
                 self.metrics.unowned_clusters.set(0);
                 self.metrics.unowned_oldest.set(0.0);
-                unowned_since.clear();
+                observed.unowned_since.clear();
             }
-            let wait = next_renew.saturating_duration_since(Instant::now());
+            let wait = next_renew.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(10));
             tokio::select! {
                 r = changed.changed() => if r.is_err() { break },
                 () = tokio::time::sleep(wait) => {}
@@ -86,7 +175,10 @@ impl Coordinator {
             }
         }
         if leading_until.is_some() {
-            match self.lock.step_down().await {
+            let step_down = tokio::time::timeout(self.timing.kcp_request_timeout, self.lock.step_down());
+            match step_down.await.unwrap_or_else(|_| {
+                Err(kube_leader_election::Error::RenewLease(crate::kcp::timed_out(self.timing.kcp_request_timeout)))
+            }) {
                 Ok(()) => info!("Stepped down as coordinator"),
                 Err(error) => warn!(error = &error as &dyn std::error::Error, "Failed to step down as coordinator"),
             }
@@ -94,17 +186,35 @@ impl Coordinator {
         self.metrics.is_coordinator.set(0);
     }
 
-    /// One coordination pass over the cached Leases.
-    async fn pass(&self, unowned_since: &mut BTreeMap<u32, Instant>) {
-        let now = Timestamp::now();
+    /// Records what the Lease cache shows now; returns the cached Leases.
+    fn observe(&self, observed: &mut Observed) -> Vec<Arc<Lease>> {
+        let clock = Instant::now();
         let all = self.leases.state();
-        let live = live_members(all.iter().map(|l| &**l), now);
+        let (left, present): (Vec<&Arc<Lease>>, Vec<&Arc<Lease>>) =
+            all.iter().filter(|l| is_member(l)).partition(|l| lease::member_left(l));
+        observed.liveness.observe(
+            present.iter().filter_map(|l| Some((lease::member_identity(l)?, lease::member_version(l)))),
+            clock,
+        );
+        for identity in left.iter().filter_map(|l| lease::member_identity(l)) {
+            observed.liveness.left(identity);
+        }
+        let shard_leases = shard_leases(&all, self.view.shards());
+        observed.note_shard_uids(&shard_leases, clock, self.timing.drain_timeout + self.timing.request_timeout);
+        all
+    }
+
+    /// One coordination pass over the cached Leases.
+    async fn pass(&self, all: &[Arc<Lease>], term: &mut Observed) {
+        let now = Timestamp::now();
+        let clock = Instant::now();
+        let live = term.liveness.live(clock);
         self.metrics.live_members.set(live.len() as i64);
-        let shard_leases: BTreeMap<u32, Arc<Lease>> =
-            all.iter().filter(|l| is_shard(l)).filter_map(|l| Some((shard_number(l)?, Arc::clone(l)))).collect();
+        let shard_leases = shard_leases(all, self.view.shards());
         for shard in (0..self.view.shards()).filter(|s| !shard_leases.contains_key(s)) {
             let ns = self.api.namespace().unwrap_or_default().to_owned();
-            match self.api.create(&PostParams::default(), &new_shard(shard, &ns)).await {
+            let (params, lease) = (PostParams::default(), new_shard(shard, &ns));
+            match crate::kcp::bounded(self.timing.kcp_request_timeout, self.api.create(&params, &lease)).await {
                 Ok(_) => info!(shard, "Created shard Lease"),
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
                 Err(error) => warn!(shard, error = &error as &dyn std::error::Error, "Failed to create shard Lease"),
@@ -122,20 +232,24 @@ impl Coordinator {
             })
             .collect();
         let target = assign(self.view.shards(), &live, &current);
+        let settled = term.is_settled(clock);
         for (shard, l) in &shard_leases {
             let st = lease::state(l);
             let want = target.get(shard).cloned().unwrap_or_default();
-            let reassign = st.desired != want;
-            let force =
-                may_force_release(&st.holder, live.contains(&st.holder)) && self.confirmed_dead(&st.holder, now).await;
+            // Until settled, only shards nobody holds are assigned; a recreated shard Lease
+            // waits until its old holder's requests have ended.
+            let reassign = st.desired != want && (settled || st.holder.is_empty()) && !term.is_cooling(*shard);
+            let force = settled
+                && may_force_release(&st.holder, term.liveness.is_alive(&st.holder, clock))
+                && self.confirmed_dead(&st.holder, &mut term.liveness).await;
             if !reassign && !force {
                 continue;
             }
             let mut next = if reassign { with_desired(l, &want, now) } else { (**l).clone() };
             if force {
-                next = with_holder(&next, "", now);
+                next = released(&next, now);
             }
-            match lease::write(&self.api, &next).await {
+            match lease::write(&self.api, &next, self.timing.kcp_request_timeout).await {
                 Ok(_) => {
                     if reassign {
                         self.metrics.assignments.inc();
@@ -149,14 +263,21 @@ impl Coordinator {
                 Err(error) => warn!(shard, error = &error as &dyn std::error::Error, "Failed to update shard Lease"),
             }
         }
-        self.record_unowned(&shard_leases, &live, unowned_since);
+        self.record_unowned(&shard_leases, &live, &mut term.unowned_since);
     }
 
-    /// Re-reads a holder's member Lease before its shards are taken: the cache may lag.
-    async fn confirmed_dead(&self, holder: &str, now: Timestamp) -> bool {
-        match self.api.get_opt(&member_lease_name(holder)).await {
-            Ok(Some(member)) => lease::expiry(&member).is_none_or(|e| e <= now),
-            Ok(None) => true,
+    /// Re-reads a holder's member Lease before its shards are taken (the cache may lag):
+    /// dead only if the read shows no change since the last one observed, for a lease
+    /// duration.
+    async fn confirmed_dead(&self, holder: &str, liveness: &mut Liveness) -> bool {
+        match crate::kcp::bounded(self.timing.kcp_request_timeout, self.api.get_opt(&member_lease_name(holder))).await {
+            Ok(member) => {
+                match &member {
+                    Some(m) if lease::member_left(m) => liveness.left(holder),
+                    _ => liveness.record(holder, member.as_ref().map(lease::member_version).as_deref(), Instant::now()),
+                }
+                !liveness.is_alive(holder, Instant::now())
+            }
             Err(error) => {
                 warn!(holder, error = &error as &dyn std::error::Error, "Failed to confirm that a holder is gone");
                 false

@@ -9,6 +9,14 @@
 //!    └───────────────── Drop ───────────┘◀──────────── Release ────────────┘
 //! ```
 //!
+//! Before its first write on a shard Lease that someone else may have written last (a
+//! shard a human released, handed to it or recreated by hand; its own shard after a restart),
+//! a replica waits in `Pending` for the drain timeout plus the SKR request timeout, so
+//! whatever the previous holder still had in flight has ended. It does not wait when the
+//! Lease is *clean*: released by the protocol (its holder nonce cleared after a drain, or by
+//! the coordinator after the holder expired), or last claimed by this very process (its own
+//! nonce, as after a lapse of its member Lease).
+//!
 //! A replica gives up every shard when it is fenced and works on a shard again only after a
 //! successful Lease write (claim or resume, each with a resourceVersion precondition), so a
 //! Lease cache that went stale while it was cut off cannot make it write. It never claims
@@ -39,6 +47,9 @@ pub enum Local {
     Active,
     /// Holding the Lease, taking no new syncs, waiting for in-flight ones since the instant.
     Draining(Instant),
+    /// Offered the shard by a Lease that is not clean, waiting since the instant before the
+    /// first write (see the module docs).
+    Pending(Instant),
 }
 
 /// What to do.
@@ -58,6 +69,10 @@ pub enum Action {
     Release,
     /// The Lease names someone else: stop working on the shard at once.
     Drop,
+    /// Start waiting before the first write (enter `Pending`).
+    Wait,
+    /// Stop waiting: the shard is no longer offered here (back to `Idle`).
+    Forget,
 }
 
 /// Inputs besides the Lease and local state.
@@ -73,6 +88,10 @@ pub struct Facts<'a> {
     pub in_flight: usize,
     /// Longest wait for in-flight syncs before releasing anyway.
     pub drain_timeout: Duration,
+    /// Whether the Lease is clean: released by the protocol, or last claimed by this process.
+    pub clean: bool,
+    /// How long to wait in `Pending` before writing a Lease that is not clean.
+    pub settle: Duration,
 }
 
 /// Decides the next step for one shard.
@@ -90,10 +109,23 @@ pub fn decide(lease: &LeaseState, local: Local, facts: Facts<'_>) -> Action {
             if drained { Action::Release } else { Action::None }
         }
         Local::Idle if facts.fenced => Action::None,
-        Local::Idle if mine && wanted_here => Action::Resume,
-        // Held by this identity but wanted elsewhere (a restart mid-handover): let it go.
-        Local::Idle if mine => Action::Release,
-        Local::Idle if lease.holder.is_empty() && lease.desired == facts.me => Action::Claim,
+        Local::Pending(_) if facts.fenced => Action::Forget,
+        Local::Idle | Local::Pending(_) if mine || (lease.holder.is_empty() && lease.desired == facts.me) => {
+            let settled = facts.clean
+                || matches!(local, Local::Pending(since) if facts.now.saturating_duration_since(since) >= facts.settle);
+            if !settled {
+                return if local == Local::Idle { Action::Wait } else { Action::None };
+            }
+            if mine && wanted_here {
+                Action::Resume
+            } else if mine {
+                // Held by this identity but wanted elsewhere (a restart mid-handover).
+                Action::Release
+            } else {
+                Action::Claim
+            }
+        }
+        Local::Pending(_) => Action::Forget,
         Local::Idle => Action::None,
     }
 }
@@ -114,7 +146,40 @@ mod tests {
     }
 
     fn facts(now: Instant, in_flight: usize, fenced: bool) -> Facts<'static> {
-        Facts { me: "a", now, fenced, in_flight, drain_timeout: Duration::from_secs(10) }
+        Facts {
+            me: "a",
+            now,
+            fenced,
+            in_flight,
+            drain_timeout: Duration::from_secs(10),
+            clean: true,
+            settle: Duration::from_secs(13),
+        }
+    }
+
+    fn unclean(now: Instant) -> Facts<'static> {
+        Facts { clean: false, ..facts(now, 0, false) }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_that_is_not_clean_is_written_only_after_the_settle_time() {
+        let start = Instant::now();
+        // Released by hand (holder nonce left behind), desired here: wait, then claim.
+        assert_eq!(decide(&lease("", "a"), Local::Idle, unclean(start)), Action::Wait);
+        let pending = Local::Pending(start);
+        assert_eq!(decide(&lease("", "a"), pending, unclean(start)), Action::None);
+        tokio::time::advance(Duration::from_secs(12)).await;
+        assert_eq!(decide(&lease("", "a"), pending, unclean(Instant::now())), Action::None);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(decide(&lease("", "a"), pending, unclean(Instant::now())), Action::Claim);
+        // Handed here by hand, or held by a previous process of this identity.
+        assert_eq!(decide(&lease("a", "a"), Local::Idle, unclean(start)), Action::Wait);
+        assert_eq!(decide(&lease("a", "a"), pending, unclean(Instant::now())), Action::Resume);
+        assert_eq!(decide(&lease("a", "b"), pending, unclean(Instant::now())), Action::Release);
+        // No longer offered, or fenced: stop waiting.
+        assert_eq!(decide(&lease("", "b"), pending, unclean(Instant::now())), Action::Forget);
+        assert_eq!(decide(&lease("c", "a"), pending, unclean(Instant::now())), Action::Forget);
+        assert_eq!(decide(&lease("", "a"), pending, facts(Instant::now(), 0, true)), Action::Forget);
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,7 +10,8 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 
 use crate::api::{
-    DESIRED_HOLDER_ANNOTATION, HANDOVER_STARTED_ANNOTATION, LEASE_TYPE_LABEL, LEASE_TYPE_MEMBER, LEASE_TYPE_SHARD,
+    CONFIG_LEASE, DESIRED_HOLDER_ANNOTATION, HANDOVER_STARTED_ANNOTATION, LEASE_TYPE_CONFIG, LEASE_TYPE_LABEL,
+    LEASE_TYPE_MEMBER, LEASE_TYPE_SHARD, MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION, SHARDS_ANNOTATION,
     member_lease_name, shard_lease_name,
 };
 use crate::sharding::handover::LeaseState;
@@ -38,7 +39,31 @@ pub fn state(lease: &Lease) -> LeaseState {
     }
 }
 
-/// When a member Lease expires: its renew time plus its duration.
+/// The replica a member Lease belongs to: its holder.
+pub fn member_identity(lease: &Lease) -> Option<&str> {
+    lease.spec.as_ref()?.holder_identity.as_deref().filter(|h| !h.is_empty())
+}
+
+/// What changes with every renewal of a member Lease, and with every new process holding it:
+/// its `renewTime` and its process nonce. The coordinator judges liveness by when this
+/// changes (see [`crate::sharding::liveness`]).
+pub fn member_version(lease: &Lease) -> String {
+    let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref()).map(|t| t.0.to_string()).unwrap_or_default();
+    let nonce = lease.annotations().get(MEMBER_NONCE_ANNOTATION).map(String::as_str).unwrap_or_default();
+    format!("{renewed}/{nonce}")
+}
+
+/// Whether a member Lease says its process shut down after releasing its shards: the left
+/// annotation names the process nonce the Lease carries.
+pub fn member_left(lease: &Lease) -> bool {
+    let annotations = lease.annotations();
+    let nonce = annotations.get(MEMBER_NONCE_ANNOTATION);
+    nonce.is_some() && annotations.get(MEMBER_LEFT_ANNOTATION) == nonce
+}
+
+/// When a member Lease expires by its holder's clock: its renew time plus its duration. For
+/// display (`catalogsync shards`); the coordinator does not compare clocks (see
+/// [`crate::sharding::liveness`]).
 pub fn expiry(lease: &Lease) -> Option<Timestamp> {
     let spec = lease.spec.as_ref()?;
     let renewed = spec.renew_time.as_ref()?.0;
@@ -79,6 +104,28 @@ pub fn new_member(identity: &str, namespace: &str, duration_secs: i32, now: Time
     }
 }
 
+/// The shard count recorded in the config Lease, if it is one and names a count.
+pub fn recorded_shards(lease: &Lease) -> Option<u32> {
+    if lease.name_any() != CONFIG_LEASE {
+        return None;
+    }
+    lease.annotations().get(SHARDS_ANNOTATION)?.trim().parse().ok()
+}
+
+/// A new config Lease recording `shards`.
+pub fn new_config(shards: u32, namespace: &str) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(CONFIG_LEASE.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(BTreeMap::from([(LEASE_TYPE_LABEL.to_owned(), LEASE_TYPE_CONFIG.to_owned())])),
+            annotations: Some(BTreeMap::from([(SHARDS_ANNOTATION.to_owned(), shards.to_string())])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec::default()),
+    }
+}
+
 /// A new, unheld shard Lease.
 pub fn new_shard(shard: u32, namespace: &str) -> Lease {
     Lease {
@@ -90,6 +137,26 @@ pub fn new_shard(shard: u32, namespace: &str) -> Lease {
         },
         spec: Some(LeaseSpec { holder_identity: Some(String::new()), ..LeaseSpec::default() }),
     }
+}
+
+/// The process nonce of a shard Lease's holder; empty when it was released by the protocol.
+pub fn holder_nonce(lease: &Lease) -> &str {
+    lease.annotations().get(MEMBER_NONCE_ANNOTATION).map_or("", String::as_str)
+}
+
+/// `lease` claimed by `holder` in the process with `nonce`, as of `now`.
+pub fn claimed(lease: &Lease, holder: &str, nonce: &str, now: Timestamp) -> Lease {
+    let mut next = with_holder(lease, holder, now);
+    next.annotations_mut().insert(MEMBER_NONCE_ANNOTATION.to_owned(), nonce.to_owned());
+    next
+}
+
+/// `lease` released by the protocol (after a drain, or of an expired holder): no holder, no
+/// holder nonce, so the next holder may start at once.
+pub fn released(lease: &Lease, now: Timestamp) -> Lease {
+    let mut next = with_holder(lease, "", now);
+    next.annotations_mut().remove(MEMBER_NONCE_ANNOTATION);
+    next
 }
 
 /// `lease` with holder `holder` (empty to release), as of `now`.
@@ -122,12 +189,12 @@ pub fn handover_started(lease: &Lease) -> Option<Timestamp> {
 }
 
 /// Writes `lease` with the resourceVersion it carries as precondition (a PUT): fails with
-/// 409 Conflict when someone else wrote the Lease since it was read.
+/// 409 Conflict when someone else wrote the Lease since it was read. Bounded by `timeout`.
 ///
 /// # Errors
-/// The API error.
-pub async fn write(api: &Api<Lease>, lease: &Lease) -> Result<Lease, kube::Error> {
-    api.replace(&lease.name_any(), &PostParams::default(), lease).await
+/// The API error, or a timeout.
+pub async fn write(api: &Api<Lease>, lease: &Lease, timeout: std::time::Duration) -> Result<Lease, kube::Error> {
+    crate::kcp::bounded(timeout, api.replace(&lease.name_any(), &PostParams::default(), lease)).await
 }
 
 #[cfg(test)]

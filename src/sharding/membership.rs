@@ -1,79 +1,304 @@
 //! This replica's member Lease: created on start, renewed every retry period, deleted on
-//! shutdown. Each successful renewal extends the [`ShardView`] fence deadline to
-//! "request sent + renew deadline"; a replica that cannot renew stops writing on its own.
+//! shutdown after the shard Leases were released. Each successful renewal extends the
+//! [`ShardView`] fence deadline to "request sent + renew deadline"; a replica that cannot
+//! renew stops writing on its own.
+//!
+//! The Lease carries a random nonce of the process that holds it, and every renewal is a
+//! JSON patch that first tests that nonce. A second process with the same identity (a copied
+//! manifest, `POD_NAME` unset on two replicas) therefore cannot renew the Lease the first one
+//! holds: it stays fenced, not ready, and says why, and takes the Lease over only once it has
+//! seen it unchanged for a lease duration (the first process is gone). A process restarted
+//! after a crash waits the same way for its predecessor's Lease.
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::reflector::Store;
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use crate::api::member_lease_name;
+use crate::api::{MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION, member_lease_name};
 use crate::metrics::ShardMetrics;
-use crate::sharding::lease::new_member;
+use crate::sharding::lease::{member_version, new_config, new_member, recorded_shards};
+use crate::sharding::liveness::Liveness;
 use crate::sharding::{ShardView, Timing};
 
-/// Renews the member Lease until `token` is cancelled, then deletes it.
-pub async fn run(
-    api: Api<Lease>,
-    identity: String,
-    view: ShardView,
-    timing: Timing,
-    metrics: ShardMetrics,
-    token: CancellationToken,
-) {
-    let namespace = api.namespace().unwrap_or_default().to_owned();
-    let mut was_fenced = true;
-    loop {
-        let sent = Instant::now();
-        match renew(&api, &identity, &namespace, timing).await {
-            Ok(()) => {
-                view.renewed(sent, timing.renew_deadline);
-                metrics.renewals.with_label_values(&["success"]).inc();
+/// This replica's member Lease.
+pub struct Member {
+    /// Lease API in the lease namespace.
+    pub api: Api<Lease>,
+    /// This replica's identity.
+    pub identity: String,
+    /// This process's nonce (random, new on every start).
+    pub nonce: String,
+    /// Ownership gate, fenced while the Lease is not renewed.
+    pub view: ShardView,
+    /// Timings.
+    pub timing: Timing,
+    /// Metrics.
+    pub metrics: ShardMetrics,
+    /// Beaten every round.
+    pub heartbeat: crate::health::Heartbeat,
+    /// The Lease cache, for the shard count recorded in the config Lease.
+    pub leases: Store<Lease>,
+}
+
+/// What the config Lease says of this replica's `--shards`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ShardCount {
+    /// The recorded count is this replica's.
+    Agrees,
+    /// Another count is recorded.
+    Differs(u32),
+    /// None is recorded, or the cache does not show the config Lease yet.
+    Unknown,
+}
+
+/// The result of one renewal attempt.
+#[derive(Debug)]
+enum Renewal {
+    /// The Lease is ours and was renewed; its new resourceVersion.
+    Renewed(String),
+    /// Another process holds the Lease of this identity and renews it.
+    HeldByAnother,
+    /// Not attempted: the shard count is not (yet) known to agree.
+    Skipped,
+}
+
+/// A random process nonce.
+pub fn new_nonce() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+impl Member {
+    /// Renews the member Lease until `token` is cancelled; then waits (bounded) until
+    /// `shards_released` is cancelled, and deletes the Lease if it is still this process's.
+    pub async fn run(self, token: CancellationToken, shards_released: CancellationToken) {
+        let mut was_fenced = true;
+        let mut conflict = false;
+        let mut other = Liveness::new(self.timing.lease_duration);
+        let mut version: Option<String> = None;
+        let mut mismatch = false;
+        loop {
+            self.heartbeat.beat();
+            let sent = Instant::now();
+            // A replica whose --shards differs from the recorded count must not write: it would
+            // map Kymas to shards differently from the others. It stops renewing, so it fences
+            // itself and its member Lease expires like that of a replica cut off.
+            let count = self.shard_count().await;
+            if let (ShardCount::Differs(recorded), false) = (count, mismatch) {
+                error!(
+                    shards = self.view.shards(),
+                    recorded,
+                    "This replica's --shards differs from the shard count recorded in the config Lease: staying fenced (see the procedure to change the shard count)"
+                );
             }
-            Err(error) => {
-                metrics.renewals.with_label_values(&["error"]).inc();
-                warn!(error = &error as &dyn std::error::Error, "Failed to renew member Lease");
+            mismatch = matches!(count, ShardCount::Differs(_));
+            self.metrics.shard_count_mismatch.set(i64::from(mismatch));
+            let renewal = match count {
+                ShardCount::Agrees => self.renew(&mut other).await,
+                ShardCount::Differs(_) | ShardCount::Unknown => Ok(Renewal::Skipped),
+            };
+            match renewal {
+                Ok(Renewal::Skipped) => {}
+                Ok(Renewal::Renewed(rv)) => {
+                    self.view.renewed(sent, self.timing.renew_deadline);
+                    self.metrics.renewals.with_label_values(&["success"]).inc();
+                    version = Some(rv);
+                    if conflict {
+                        info!("The other process with this identity is gone; took over the member Lease");
+                        conflict = false;
+                    }
+                }
+                Ok(Renewal::HeldByAnother) => {
+                    self.metrics.renewals.with_label_values(&["error"]).inc();
+                    if !conflict {
+                        error!(
+                            lease = %member_lease_name(&self.identity),
+                            "Another process renews the member Lease of this identity: staying fenced until it is gone; give every replica its own --identity (POD_NAME)"
+                        );
+                        conflict = true;
+                    }
+                }
+                Err(error) => {
+                    self.metrics.renewals.with_label_values(&["error"]).inc();
+                    warn!(error = &error as &dyn std::error::Error, "Failed to renew member Lease");
+                }
+            }
+            self.metrics.identity_conflict.set(i64::from(conflict));
+            let fenced = self.view.is_fenced();
+            self.metrics.fenced.set(i64::from(fenced));
+            if fenced != was_fenced {
+                if fenced {
+                    warn!("Member Lease not renewed within the renew deadline: stopped all SKR writes");
+                } else {
+                    info!("Member Lease renewed: SKR writes allowed");
+                }
+                was_fenced = fenced;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.timing.retry_period) => {}
+                () = token.cancelled() => break,
             }
         }
-        let fenced = view.is_fenced();
-        metrics.fenced.set(i64::from(fenced));
-        if fenced != was_fenced {
-            if fenced {
-                warn!("Member Lease not renewed within the renew deadline: stopped all SKR writes");
-            } else {
-                info!("Member Lease renewed: SKR writes allowed");
-            }
-            was_fenced = fenced;
+        // Deleting the member Lease first would let the coordinator force-release shards whose
+        // syncs may still run; the shard agent releases them (after their drain) first.
+        let release_bound = self.timing.drain_timeout + self.timing.request_timeout + self.timing.retry_period;
+        if tokio::time::timeout(release_bound, shards_released.cancelled()).await.is_err() {
+            warn!("Shards not released in time; deleting the member Lease anyway");
         }
-        tokio::select! {
-            () = tokio::time::sleep(timing.retry_period) => {}
-            () = token.cancelled() => break,
+        self.delete(version).await;
+    }
+
+    /// Compares this replica's shard count with the one recorded in the config Lease, and
+    /// records it there when the Lease does not exist yet.
+    async fn shard_count(&self) -> ShardCount {
+        let recorded = self.leases.state().iter().find_map(|l| recorded_shards(l));
+        match recorded {
+            Some(n) if n == self.view.shards() => ShardCount::Agrees,
+            Some(n) => ShardCount::Differs(n),
+            None => {
+                let namespace = self.api.namespace().unwrap_or_default().to_owned();
+                let config = new_config(self.view.shards(), &namespace);
+                match self.bounded(self.api.create(&PostParams::default(), &config)).await {
+                    Ok(_) => {
+                        info!(shards = self.view.shards(), "Recorded the shard count in the config Lease");
+                        ShardCount::Agrees
+                    }
+                    // It exists (the cache has not caught up), or the KCP failed: next round.
+                    Err(_) => ShardCount::Unknown,
+                }
+            }
         }
     }
-    match api.delete(&member_lease_name(&identity), &DeleteParams::default()).await {
-        Ok(_) => info!("Deleted member Lease"),
-        Err(error) => warn!(error = &error as &dyn std::error::Error, "Failed to delete member Lease"),
+
+    async fn renew(&self, other: &mut Liveness) -> Result<Renewal, kube::Error> {
+        let name = member_lease_name(&self.identity);
+        let now = Timestamp::now();
+        // One request per renewal: the patch applies only while the Lease carries this
+        // process's nonce.
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": nonce_path(), "value": self.nonce},
+            {"op": "add", "path": "/spec/holderIdentity", "value": self.identity},
+            {"op": "add", "path": "/spec/renewTime", "value": MicroTime(now)},
+            {"op": "add", "path": "/spec/leaseDurationSeconds", "value": self.timing.lease_secs()},
+        ]))
+        .map_err(kube::Error::SerdeError)?;
+        match self.bounded(self.api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))).await {
+            Ok(lease) => Ok(Renewal::Renewed(lease.resource_version().unwrap_or_default())),
+            Err(kube::Error::Api(s)) if s.code == 404 => self.create(now).await,
+            // The test failed: the Lease carries another nonce (or none).
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => self.take_over_if_gone(other, now).await,
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn create(&self, now: Timestamp) -> Result<Renewal, kube::Error> {
+        let namespace = self.api.namespace().unwrap_or_default().to_owned();
+        let mut lease = new_member(&self.identity, &namespace, self.timing.lease_secs(), now);
+        lease.annotations_mut().insert(MEMBER_NONCE_ANNOTATION.to_owned(), self.nonce.clone());
+        match self.bounded(self.api.create(&PostParams::default(), &lease)).await {
+            Ok(created) => {
+                info!(lease = %created.name_any(), "Created member Lease");
+                Ok(Renewal::Renewed(created.resource_version().unwrap_or_default()))
+            }
+            // Created by another process meanwhile.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Renewal::HeldByAnother),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The Lease carries another process's nonce: take it over (resourceVersion
+    /// precondition) once it has not changed for a lease duration, as this process observed
+    /// it; until then it belongs to a live process.
+    async fn take_over_if_gone(&self, other: &mut Liveness, now: Timestamp) -> Result<Renewal, kube::Error> {
+        let Some(mut lease) = self.bounded(self.api.get_opt(&member_lease_name(&self.identity))).await? else {
+            return self.create(now).await;
+        };
+        other.record(&self.identity, Some(&member_version(&lease)), Instant::now());
+        if other.is_alive(&self.identity, Instant::now()) {
+            return Ok(Renewal::HeldByAnother);
+        }
+        lease.annotations_mut().insert(MEMBER_NONCE_ANNOTATION.to_owned(), self.nonce.clone());
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some(self.identity.clone());
+        spec.renew_time = Some(MicroTime(now));
+        spec.acquire_time = Some(MicroTime(now));
+        spec.lease_duration_seconds = Some(self.timing.lease_secs());
+        lease.metadata.managed_fields = None;
+        match self.bounded(self.api.replace(&lease.name_any(), &PostParams::default(), &lease)).await {
+            Ok(replaced) => {
+                info!(lease = %replaced.name_any(), "Took over the member Lease of a process that is gone");
+                Ok(Renewal::Renewed(replaced.resource_version().unwrap_or_default()))
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Renewal::HeldByAnother),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Marks the member Lease as left (so the coordinator reassigns at once), then deletes it,
+    /// if this process wrote its latest version.
+    async fn delete(&self, version: Option<String>) {
+        let Some(mut resource_version) = version else { return };
+        let patch: Result<json_patch::Patch, _> = serde_json::from_value(json!([
+            {"op": "test", "path": nonce_path(), "value": self.nonce},
+            {"op": "add", "path": annotation_path(MEMBER_LEFT_ANNOTATION), "value": self.nonce},
+        ]));
+        if let Ok(patch) = patch {
+            let name = member_lease_name(&self.identity);
+            match self.bounded(self.api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))).await {
+                Ok(lease) => resource_version = lease.resource_version().unwrap_or_default(),
+                Err(error) => {
+                    warn!(error = &error as &dyn std::error::Error, "Failed to mark the member Lease as left")
+                }
+            }
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions { resource_version: Some(resource_version), uid: None }),
+            ..DeleteParams::default()
+        };
+        match self.bounded(self.api.delete(&member_lease_name(&self.identity), &params)).await {
+            Ok(_) => info!("Deleted member Lease"),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                info!("Member Lease was written by another process since; left in place");
+            }
+            Err(error) => warn!(error = &error as &dyn std::error::Error, "Failed to delete member Lease"),
+        }
     }
 }
 
-async fn renew(api: &Api<Lease>, identity: &str, namespace: &str, timing: Timing) -> Result<(), kube::Error> {
-    let name = member_lease_name(identity);
-    let now = Timestamp::now();
-    // Only this replica writes its member Lease, so a merge patch without precondition is
-    // enough: one request per renewal.
-    let patch = json!({"spec": {"holderIdentity": identity, "renewTime": MicroTime(now), "leaseDurationSeconds": timing.lease_secs()}});
-    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => {
-            api.create(&PostParams::default(), &new_member(identity, namespace, timing.lease_secs(), now)).await?;
-            info!(lease = %name, "Created member Lease");
-            Ok(())
-        }
-        Err(e) => Err(e),
+impl Member {
+    async fn bounded<T>(&self, request: impl Future<Output = Result<T, kube::Error>>) -> Result<T, kube::Error> {
+        crate::kcp::bounded(self.timing.kcp_request_timeout, request).await
+    }
+}
+
+/// JSON pointer of the nonce annotation.
+fn nonce_path() -> String {
+    annotation_path(MEMBER_NONCE_ANNOTATION)
+}
+
+/// JSON pointer of an annotation (`~` escaped as `~0`, `/` as `~1`).
+fn annotation_path(key: &str) -> String {
+    format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nonce_path_escapes_the_annotation_key() {
+        assert_eq!(nonce_path(), "/metadata/annotations/catalogsync.kyma-project.io~1process-nonce");
+    }
+
+    #[test]
+    fn nonces_differ() {
+        assert_ne!(new_nonce(), new_nonce());
+        assert_eq!(new_nonce().len(), 16);
     }
 }

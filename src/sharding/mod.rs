@@ -4,6 +4,7 @@
 //!   replicas;
 //! - [`handover`]: the pure transition rules of one shard;
 //! - [`view`]: the ownership gate the sync path checks;
+//! - [`liveness`]: the coordinator's pure judgement of which members are alive;
 //! - [`lease`], [`membership`], [`agent`], [`coordinator`]: the Lease I/O.
 //!
 //! See `docs/architecture.md` for the protocol and why it never lets two replicas write to
@@ -13,6 +14,7 @@ pub mod agent;
 pub mod coordinator;
 pub mod handover;
 pub mod lease;
+pub mod liveness;
 pub mod membership;
 pub mod ring;
 pub mod table;
@@ -33,11 +35,16 @@ pub struct Timing {
     pub retry_period: Duration,
     /// Longest wait for in-flight syncs of a shard before it is released.
     pub drain_timeout: Duration,
+    /// Bound of one SKR request: how long a write may still be in flight after the last
+    /// ownership check that allowed it.
+    pub request_timeout: Duration,
+    /// Bound of one KCP request (Lease reads and writes).
+    pub kcp_request_timeout: Duration,
 }
 
 impl Timing {
     /// The lease duration in whole seconds, as Leases store it.
     pub fn lease_secs(&self) -> i32 {
-        i32::try_from(self.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX)
+        i32::try_from(self.lease_duration.as_nanos().div_ceil(1_000_000_000).max(1)).unwrap_or(i32::MAX)
     }
 }

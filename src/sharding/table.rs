@@ -56,9 +56,14 @@ pub async fn read(client: &Client, lease_namespace: &str, kcp_namespace: &str) -
 /// Builds the table (pure).
 pub fn build(leases: &[Lease], kymas: &[PartialObjectMeta<Kyma>], coordinator: String, now: Timestamp) -> Table {
     let members = live_members(leases.iter().filter(|l| is_member(l)), now);
-    let shard_leases: BTreeMap<u32, &Lease> =
+    let mut shard_leases: BTreeMap<u32, &Lease> =
         leases.iter().filter(|l| is_shard(l)).filter_map(|l| Some((shard_number(l)?, l))).collect();
-    let shards = shard_leases.keys().next_back().map_or(0, |m| m + 1);
+    // The recorded shard count; without one (older deployments), the highest Lease number.
+    let shards = leases
+        .iter()
+        .find_map(lease::recorded_shards)
+        .unwrap_or_else(|| shard_leases.keys().next_back().map_or(0, |m| m + 1));
+    shard_leases.retain(|n, _| *n < shards);
     let mut counts: BTreeMap<u32, usize> = BTreeMap::new();
     if shards > 0 {
         for k in kymas {
@@ -124,7 +129,7 @@ pub fn render(table: &Table) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sharding::lease::{new_member, new_shard, with_desired, with_holder};
+    use crate::sharding::lease::{new_config, new_member, new_shard, with_desired, with_holder};
 
     #[test]
     fn table_shows_holders_states_and_counts() {
@@ -141,5 +146,13 @@ mod tests {
         let text = render(&table);
         assert!(text.contains("coordinator: a"), "{text}");
         assert!(text.contains("member a: 1 shards"), "{text}");
+    }
+
+    #[test]
+    fn the_recorded_shard_count_wins_over_leftover_leases() {
+        let now = Timestamp::from_second(10_000).expect("valid");
+        let leases = vec![new_config(2, "ns"), new_shard(0, "ns"), new_shard(1, "ns"), new_shard(5, "ns")];
+        let table = build(&leases, &[], String::new(), now);
+        assert_eq!(table.rows.iter().map(|r| r.shard).collect::<Vec<_>>(), [0, 1], "shard 5 is left over");
     }
 }

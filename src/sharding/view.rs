@@ -31,6 +31,8 @@ struct Inner {
     idle: Notify,
     /// Set when a renewal ends a fenced period; the agent then gives up its shards.
     lapsed: AtomicBool,
+    /// Fenced periods ended so far (the coordinator starts over after each).
+    lapses: AtomicU64,
 }
 
 impl std::fmt::Debug for ShardView {
@@ -53,6 +55,7 @@ impl ShardView {
                 in_flight: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
                 idle: Notify::new(),
                 lapsed: AtomicBool::new(false),
+                lapses: AtomicU64::new(0),
             }),
         }
     }
@@ -97,10 +100,17 @@ impl ShardView {
                 a.store(false, Ordering::Release);
             }
             self.inner.lapsed.store(true, Ordering::Release);
+            self.inner.lapses.fetch_add(1, Ordering::AcqRel);
         }
         let deadline = (sent + renew_deadline).saturating_duration_since(self.inner.epoch);
         let ms = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
         self.inner.fence_deadline_ms.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    /// How many fenced periods have ended so far (see [`ShardView::renewed`]); unlike
+    /// [`ShardView::take_lapse`], reading it consumes nothing.
+    pub fn lapses(&self) -> u64 {
+        self.inner.lapses.load(Ordering::Acquire)
     }
 
     /// Whether a fenced period ended since the last call (see [`ShardView::renewed`]).

@@ -22,8 +22,8 @@ use crate::skr::request::SkrClient;
 /// How every SKR client is built.
 #[derive(Debug, Clone)]
 pub struct AccessSettings {
-    /// User-Agent of every request, `catalogsync/<version> (<replica>)`, so SKR audit logs
-    /// tell replicas apart.
+    /// User-Agent of every request, `catalogsync/<version> (<replica>) process/<nonce>`, so
+    /// SKR audit logs tell replicas, and processes of one replica, apart.
     pub user_agent: String,
     /// TCP and TLS connect timeout; also bounds the DNS lookup of the server name.
     pub connect: Duration,

@@ -44,6 +44,7 @@ pub struct SkrPool {
     kcp: Client,
     namespace: String,
     settings: AccessSettings,
+    kcp_timeout: std::time::Duration,
     metrics: SkrClientMetrics,
 }
 
@@ -58,8 +59,15 @@ fn secret_version(meta: &PartialObjectMeta<Secret>) -> String {
 
 impl SkrPool {
     /// Creates an empty pool that reads access Secrets from `namespace` in the KCP.
-    pub fn new(kcp: Client, namespace: String, settings: AccessSettings, metrics: SkrClientMetrics) -> Self {
-        Self { entries: Mutex::default(), kcp, namespace, settings, metrics }
+    /// Every read of an access Secret is bounded by `kcp_timeout`.
+    pub fn new(
+        kcp: Client,
+        namespace: String,
+        settings: AccessSettings,
+        kcp_timeout: std::time::Duration,
+        metrics: SkrClientMetrics,
+    ) -> Self {
+        Self { entries: Mutex::default(), kcp, namespace, settings, kcp_timeout, metrics }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SkrEntry>>> {
@@ -79,8 +87,8 @@ impl SkrPool {
             return Ok(Arc::clone(entry));
         }
         let name = secret.metadata.name.clone().unwrap_or_default();
-        let full = Api::<Secret>::namespaced(self.kcp.clone(), &self.namespace)
-            .get(&name)
+        let secrets = Api::<Secret>::namespaced(self.kcp.clone(), &self.namespace);
+        let full = crate::kcp::bounded(self.kcp_timeout, secrets.get(&name))
             .await
             .map_err(|source| Error::ReadAccessSecret { name: name.clone(), source: Box::new(source) })?;
         let access = SkrAccess::from_secret(&full, &self.settings)?;

@@ -2,6 +2,12 @@
 //! lists, plans, applies (server-side apply, field manager `catalog-sync`, force) and prunes
 //! managed orphans. Each object is handled on its own; a kind is pruned only when every apply
 //! of that kind succeeded.
+//!
+//! A prune is a DELETE with the orphan's listed UID and `resourceVersion` as preconditions.
+//! A copy recreated or changed since the list makes the SKR answer 409 Conflict: that orphan
+//! is not pruned this time (counted in [`SyncReport::prune_conflicts`]), and the sync does not
+//! fail for it; the next sync lists it again and decides anew (a resync at the latest). A 404
+//! (already gone) counts as pruned.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,7 +16,9 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, GetParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GetParams, ListParams, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::core::Request;
 use kube::{Resource, ResourceExt};
 use serde::Deserialize;
@@ -18,7 +26,7 @@ use serde_json::{Value, json};
 
 use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
 use crate::catalog::render::{CopyDigest, is_subset};
-use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Plan, plan};
+use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Orphan, Plan, plan};
 use crate::error::{Error, Result};
 use crate::metrics::SkrClientMetrics;
 use crate::skr::SkrState;
@@ -84,6 +92,9 @@ pub struct SyncReport {
     pub unchanged: BTreeMap<CatalogKind, usize>,
     /// Orphans deleted, per kind.
     pub pruned: BTreeMap<CatalogKind, usize>,
+    /// Orphans not deleted because they were recreated or changed since they were listed
+    /// (the DELETE's preconditions failed with 409); the next sync looks at them again.
+    pub prune_conflicts: usize,
     /// Whether the namespace or a CRD was written.
     pub setup_writes: usize,
 }
@@ -129,6 +140,32 @@ fn apply_params() -> PatchParams {
 
 fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(s) if s.code == 404)
+}
+
+fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 409)
+}
+
+/// The DELETE of a managed orphan, on the condition that it still has the UID and
+/// `resourceVersion` it was listed with (each only when the list had one).
+fn prune_request(kind: CatalogKind, namespace: &str, orphan: &Orphan) -> Result<http::Request<Vec<u8>>> {
+    let known = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+    let preconditions = Preconditions { uid: known(&orphan.uid), resource_version: known(&orphan.resource_version) };
+    let has_any = preconditions.uid.is_some() || preconditions.resource_version.is_some();
+    let params = DeleteParams { preconditions: has_any.then_some(preconditions), ..DeleteParams::default() };
+    copies(kind, namespace).delete(&orphan.name, &params).map_err(|e| Error::PruneSkrObject {
+        kind,
+        name: orphan.name.clone(),
+        source: Box::new(kube::Error::BuildRequest(e)),
+    })
+}
+
+/// What became of one orphan.
+enum Pruned {
+    /// Deleted, or already gone.
+    Deleted(String),
+    /// Recreated or changed since the list: left for the next sync.
+    Conflict(String),
 }
 
 /// Requests for the copies of `kind` in `namespace`.
@@ -242,27 +279,36 @@ impl SkrTarget<'_> {
             return Err(err);
         }
 
-        let pruned: Vec<String> = stream::iter(plan.prune.clone())
-            .map(|name: String| async move {
-                let request = copies(kind, self.namespace).delete(&name, &DeleteParams::default()).map_err(|e| {
-                    Error::PruneSkrObject { kind, name: name.clone(), source: Box::new(kube::Error::BuildRequest(e)) }
-                })?;
+        let outcomes: Vec<Pruned> = stream::iter(plan.prune.clone())
+            .map(|orphan: Orphan| async move {
+                let request = prune_request(kind, self.namespace, &orphan)?;
                 self.check_ownership()?;
                 let res = self.bounded(self.client.bytes(request)).await;
                 self.metrics.record("delete", &res);
+                let name = orphan.name;
                 match res {
-                    Ok(_) => Ok(name),
-                    Err(e) if is_not_found(&e) => Ok(name),
+                    Ok(_) => Ok(Pruned::Deleted(name)),
+                    Err(e) if is_not_found(&e) => Ok(Pruned::Deleted(name)),
+                    Err(e) if is_conflict(&e) => Ok(Pruned::Conflict(name)),
                     Err(source) => Err(Error::PruneSkrObject { kind, name, source: Box::new(source) }),
                 }
             })
             .buffer_unordered(self.concurrency)
             .try_collect()
             .await?;
-        for name in &pruned {
-            memory.forget(name);
+        report.pruned.entry(kind).or_default();
+        for outcome in outcomes {
+            match outcome {
+                Pruned::Deleted(name) => {
+                    memory.forget(&name);
+                    *report.pruned.entry(kind).or_default() += 1;
+                }
+                Pruned::Conflict(name) => {
+                    tracing::debug!(kind = kind.as_str(), %name, "Orphan changed since it was listed; left for the next sync");
+                    report.prune_conflicts += 1;
+                }
+            }
         }
-        *report.pruned.entry(kind).or_default() += pruned.len();
         Ok(())
     }
 
@@ -502,6 +548,7 @@ fn observed(meta: LeanMeta, content: Option<CopyDigest>) -> Observed {
     Observed {
         managed: meta.managed_fields.iter().any(|f| f.manager == SKR_FIELD_MANAGER),
         name: meta.name,
+        uid: meta.uid,
         resource_version: meta.resource_version,
         content,
     }
@@ -514,6 +561,8 @@ fn observed(meta: LeanMeta, content: Option<CopyDigest>) -> Observed {
 #[serde(rename_all = "camelCase", default)]
 struct LeanMeta {
     name: String,
+    #[serde(deserialize_with = "null_as_default")]
+    uid: String,
     #[serde(deserialize_with = "null_as_default")]
     resource_version: String,
     #[serde(deserialize_with = "null_as_default")]
@@ -587,6 +636,136 @@ mod tests {
         assert_eq!(one.metadata.resource_version, "");
         assert_eq!(one.metadata.managed_fields.len(), 1);
         assert_eq!(one.metadata.managed_fields[0].manager, "");
+    }
+
+    fn orphan(name: &str, uid: &str, rv: &str) -> Orphan {
+        Orphan { name: name.to_owned(), uid: uid.to_owned(), resource_version: rv.to_owned() }
+    }
+
+    #[test]
+    fn prune_request_carries_the_listed_uid_and_version_as_preconditions() {
+        let kind = CatalogKind::ModuleTemplate;
+        let request = prune_request(kind, "kyma-system", &orphan("old-0.1.0", "u-1", "42")).expect("a request");
+        assert_eq!(request.method(), http::Method::DELETE);
+        assert_eq!(
+            request.uri().path(),
+            "/apis/operator.kyma-project.io/v1beta2/namespaces/kyma-system/moduletemplates/old-0.1.0"
+        );
+        let body: Value = serde_json::from_slice(request.body()).expect("a JSON body");
+        assert_eq!(body, json!({"preconditions": {"uid": "u-1", "resourceVersion": "42"}}));
+
+        // Only what the list had (a hostile SKR may send neither).
+        let request = prune_request(kind, "kyma-system", &orphan("old-0.1.0", "", "42")).expect("a request");
+        let body: Value = serde_json::from_slice(request.body()).expect("a JSON body");
+        assert_eq!(body, json!({"preconditions": {"resourceVersion": "42"}}));
+        let request = prune_request(kind, "kyma-system", &orphan("old-0.1.0", "", "")).expect("a request");
+        let body: Value = serde_json::from_slice(request.body()).expect("a JSON body");
+        assert_eq!(body, json!({}));
+    }
+
+    #[test]
+    fn lists_keep_the_uid() {
+        let mut copy = item("m-1", "7", &[SKR_FIELD_MANAGER]);
+        copy["metadata"]["uid"] = json!("0a1b-uid");
+        let page = digest_list(json!({"items": [copy.clone()]}).to_string().as_bytes()).expect("parses");
+        assert_eq!(page.items[0].uid, "0a1b-uid");
+        let list: MetaOnlyList = serde_json::from_str(&json!({"items": [copy]}).to_string()).expect("parses");
+        let got: Vec<Observed> = list.items.into_iter().map(|o| observed(o.metadata, None)).collect();
+        assert_eq!(got[0].uid, "0a1b-uid");
+    }
+
+    /// What a mock SKR saw: per request, the object name and the JSON body.
+    type Seen = Arc<std::sync::Mutex<Vec<(String, Value)>>>;
+
+    /// A mock SKR that answers every request for object `name` with `answers[name]` (500 for
+    /// any other), and records what it got.
+    fn mock_skr(answers: &[(&str, u16)]) -> (SkrClient, Seen) {
+        use http_body_util::BodyExt as _;
+        let answers: BTreeMap<String, u16> = answers.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect();
+        let seen = Seen::default();
+        let record = Arc::clone(&seen);
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let (record, answers) = (Arc::clone(&record), answers.clone());
+            async move {
+                let name = request.uri().path().rsplit('/').next().unwrap_or_default().to_owned();
+                let body = request.into_body().collect().await?.to_bytes();
+                let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                record.lock().expect("not poisoned").push((name.clone(), body));
+                let code = answers.get(&name).copied().unwrap_or(500);
+                let status = json!({"kind": "Status", "apiVersion": "v1", "code": code,
+                                    "status": if code < 300 { "Success" } else { "Failure" }, "message": "mock"});
+                let response = http::Response::builder()
+                    .status(code)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(kube::client::Body::from(status.to_string().into_bytes()))
+                    .expect("a response");
+                Ok::<_, kube::Error>(response)
+            }
+        });
+        (SkrClient::new(kube::Client::new(service, "default"), 1 << 20), seen)
+    }
+
+    /// Runs the prunes of `plan` against `client`; returns the result, the report, the memory
+    /// (every orphan remembered beforehand) and the request counter.
+    async fn prune_with(
+        client: &SkrClient,
+        plan: &Plan,
+    ) -> (Result<()>, SyncReport, crate::catalog::KindMemory, SkrClientMetrics) {
+        let metrics = SkrClientMetrics::register(&prometheus::Registry::new()).expect("metrics");
+        let full_lists = tokio::sync::Semaphore::new(1);
+        let may_write = || true;
+        let target = SkrTarget {
+            client,
+            namespace: "kyma-system",
+            concurrency: 2,
+            request_timeout: Duration::from_secs(5),
+            metrics: &metrics,
+            may_write: &may_write,
+            full_lists: &full_lists,
+        };
+        let mut memory = crate::catalog::KindMemory::new();
+        for o in &plan.prune {
+            memory.remember(&o.name, "1", 7);
+        }
+        let mut report = SyncReport::default();
+        let result = target.execute(CatalogKind::ModuleTemplate, plan, &mut memory, &mut report).await;
+        (result, report, memory, metrics)
+    }
+
+    #[tokio::test]
+    async fn a_changed_orphan_is_left_for_the_next_sync_and_a_gone_one_counts_as_pruned() {
+        let (client, seen) = mock_skr(&[("stale", 200), ("gone", 404), ("changed", 409)]);
+        let prune = vec![orphan("stale", "u-s", "11"), orphan("gone", "u-g", "12"), orphan("changed", "u-c", "13")];
+        let (result, report, memory, metrics) = prune_with(&client, &Plan { prune, ..Plan::default() }).await;
+
+        assert!(result.is_ok(), "a precondition conflict must not fail the sync: {result:?}");
+        assert_eq!(report.pruned.get(&CatalogKind::ModuleTemplate), Some(&2));
+        assert_eq!(report.prune_conflicts, 1);
+        assert_eq!(report.writes(), 2);
+        assert!(memory.matches("changed", "1", 7), "the changed orphan is still remembered");
+        assert!(!memory.matches("stale", "1", 7) && !memory.matches("gone", "1", 7));
+        let count = |result: &str| metrics.requests.with_label_values(&["delete", result]).get();
+        assert_eq!((count("success"), count("not_found"), count("conflict"), count("error")), (1, 1, 1, 0));
+
+        // Every DELETE carried the preconditions of its own listing, and nothing else was sent.
+        let mut seen = seen.lock().expect("not poisoned").clone();
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        let expected = |name: &str, uid: &str, rv: &str| {
+            (name.to_owned(), json!({"preconditions": {"uid": uid, "resourceVersion": rv}}))
+        };
+        assert_eq!(
+            seen,
+            [expected("changed", "u-c", "13"), expected("gone", "u-g", "12"), expected("stale", "u-s", "11")]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_prune_still_fails_the_sync() {
+        let (client, _) = mock_skr(&[("stale", 200), ("broken", 500)]);
+        let prune = vec![orphan("stale", "u-s", "11"), orphan("broken", "u-b", "12")];
+        let (result, _, _, metrics) = prune_with(&client, &Plan { prune, ..Plan::default() }).await;
+        assert!(matches!(&result, Err(Error::PruneSkrObject { name, .. }) if name == "broken"), "{result:?}");
+        assert_eq!(metrics.requests.with_label_values(&["delete", "error"]).get(), 1);
     }
 
     #[test]

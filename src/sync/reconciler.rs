@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
 use rand::Rng;
 use tokio::sync::watch;
@@ -46,6 +47,8 @@ pub struct Settings {
     pub backoff_min: Duration,
     /// Longest backoff delay.
     pub backoff_max: Duration,
+    /// Bound of one KCP request (the condition write, an Event).
+    pub kcp_request_timeout: Duration,
 }
 
 /// Everything a reconcile needs.
@@ -70,6 +73,27 @@ pub struct Context {
     pub full_lists: tokio::sync::Semaphore,
     /// Bookkeeping shared with the catalog watcher.
     pub book: Book,
+}
+
+impl Context {
+    /// Forgets a Kyma that is gone from the KCP: drops its cached SKR access (parsed
+    /// kubeconfig, credentials and sync state; counted as an eviction with reason `deleted`),
+    /// its bookkeeping (failures, synced fingerprint, pending entry) and its share of its
+    /// shard's queue depth. Called for every Delete event of the Kyma watch, so a Kyma
+    /// deleted without finalizers (never seen with a `deletionTimestamp`) leaves nothing
+    /// behind, and for every requeue that finds its Kyma gone.
+    ///
+    /// Its access Secrets are not touched: [`AccessSecrets`] follows the Secrets themselves,
+    /// and forgets one when it is deleted.
+    ///
+    /// # Caveats
+    /// A sync of the Kyma that is running when it is deleted may record it again as it ends.
+    /// Its requeue (backoff or resync) then finds the Kyma gone and forgets it again.
+    pub fn forget_kyma(&self, kyma: &ObjectRef<Kyma>) {
+        self.pool.evict(&kyma.name, "deleted");
+        set_depth(self, self.book.forget(&kyma.name));
+        debug!(%kyma, "Forgot a deleted Kyma");
+    }
 }
 
 /// Per-Kyma bookkeeping: failures in a row (for backoff), the fingerprint of the desired set
@@ -245,8 +269,14 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
             record_report(&ctx.metrics, &report);
             ctx.metrics.sync.runs.with_label_values(&[shard.as_str(), "success"]).inc();
             set_depth(&ctx, ctx.book.finish(&name, Some(sync_fingerprint(&desired, &catalog))));
-            if report.writes() > 0 {
-                info!(applied = ?report.applied, pruned = ?report.pruned, setup_writes = report.setup_writes, "Synced catalog");
+            if report.writes() > 0 || report.prune_conflicts > 0 {
+                info!(
+                    applied = ?report.applied,
+                    pruned = ?report.pruned,
+                    prune_conflicts = report.prune_conflicts,
+                    setup_writes = report.setup_writes,
+                    "Synced catalog"
+                );
             } else {
                 debug!(objects = desired.set.len(), "Catalog already in sync");
             }
@@ -368,7 +398,8 @@ async fn write_condition(kyma: &Kyma, wanted: &Wanted, ctx: &Context) -> Result<
     }
     let body = condition::apply_body(kyma, current, wanted, Timestamp::now());
     let api: Api<Kyma> = Api::namespaced(ctx.kcp.clone(), &kyma.namespace().unwrap_or_default());
-    api.patch_status(&kyma.name_any(), &PatchParams::apply(KCP_FIELD_MANAGER).force(), &Patch::Apply(&body))
+    let (name, params, patch) = (kyma.name_any(), PatchParams::apply(KCP_FIELD_MANAGER).force(), Patch::Apply(&body));
+    crate::kcp::bounded(ctx.settings.kcp_request_timeout, api.patch_status(&name, &params, &patch))
         .await
         .map_err(|e| Error::WriteCondition(Box::new(e)))?;
     ctx.metrics.sync.condition_writes.with_label_values(&[wanted.status]).inc();
@@ -389,8 +420,11 @@ async fn publish_event(kyma: &Kyma, wanted: &Wanted, ctx: &Context) {
         action: "SyncModuleCatalog".into(),
         secondary: None,
     };
-    if let Err(error) = ctx.recorder.publish(&event, &kyma.object_ref(&())).await {
-        warn!(error = &error as &dyn std::error::Error, "Failed to publish event");
+    let regarding = kyma.object_ref(&());
+    match tokio::time::timeout(ctx.settings.kcp_request_timeout, ctx.recorder.publish(&event, &regarding)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => warn!(error = &error as &dyn std::error::Error, "Failed to publish event"),
+        Err(_) => warn!("Failed to publish event: the KCP did not answer in time"),
     }
 }
 
@@ -425,6 +459,32 @@ mod tests {
         assert_eq!(book.forget("b").map(|d| (d.shard, d.depth)), Some((2, 1)));
         assert!(book.finish("a", None).is_none(), "not pending any more");
         assert_eq!(book.finish("c", None).map(|d| (d.shard, d.depth)), Some((2, 0)));
+    }
+
+    #[test]
+    fn forget_drops_everything_kept_of_a_kyma() {
+        let book = Book::default();
+        book.mark_pending("gone", 3);
+        book.mark_pending("other", 3);
+        assert_eq!(book.record_failure("gone"), 1);
+        assert_eq!(book.record_failure("gone"), 2);
+        book.finish("synced", Some(9));
+        book.mark_pending("synced", 3);
+
+        // Its shard's depth drops by one, and nothing of it is left.
+        assert_eq!(book.forget("gone").map(|d| (d.shard, d.depth)), Some((3, 2)));
+        assert!(!lock(&book.failures).contains_key("gone"));
+        assert_eq!(book.synced_fingerprint("gone"), None);
+        assert!(!lock(&book.pending).shard_of.contains_key("gone"));
+        assert_eq!(book.record_failure("gone"), 1, "a Kyma re-created under the name starts afresh");
+
+        // A synced, pending Kyma: fingerprint and pending entry go; forgetting twice is a no-op.
+        assert_eq!(book.forget("synced").map(|d| (d.shard, d.depth)), Some((3, 1)));
+        assert_eq!(book.synced_fingerprint("synced"), None);
+        assert!(book.forget("synced").is_none(), "not pending any more");
+        assert!(book.forget("never-seen").is_none());
+        assert_eq!(book.forget("other").map(|d| (d.shard, d.depth)), Some((3, 0)));
+        assert!(!lock(&book.pending).per_shard.contains_key(&3), "no stuck depth");
     }
 
     #[test]

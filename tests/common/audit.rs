@@ -1,10 +1,13 @@
 //! The kube-apiserver audit log: the policy the harness installs and the parsed events.
 //!
 //! Every request is logged at level `Metadata` (who, what, which object, the response code;
-//! no bodies; Leases with their bodies, see [`AUDIT_POLICY`]), once per stage after
-//! `RequestReceived` (so normally one `ResponseComplete` event per request, plus
-//! `ResponseStarted` for watches). The log backend runs in `blocking` mode, so an event is in
-//! the file before its response reaches the client.
+//! no bodies; Leases with their bodies, deletes of catalog copies with their `DeleteOptions`,
+//! see [`AUDIT_POLICY`]), once per stage after `RequestReceived` (so normally one
+//! `ResponseComplete` event per request, plus `ResponseStarted` for watches). Each event
+//! carries `requestReceivedTimestamp` and `stageTimestamp`; for `ResponseComplete` the latter
+//! is when the apiserver was done with the request, so the two bound the moment a write took
+//! effect. The log backend runs in `blocking` mode, so an event is in the file before its
+//! response reaches the client.
 
 use std::path::Path;
 
@@ -13,7 +16,9 @@ use serde::Deserialize;
 
 /// The audit policy, without the `RequestReceived` stage: Leases (`coordination.k8s.io`) at
 /// `RequestResponse`, so the log holds their bodies (holder, renew time, annotations; see
-/// `invariants.rs`), and everything else at `Metadata`. Rules are first-match.
+/// `invariants.rs`); deletes in `operator.kyma-project.io` at `Request`, so the log holds
+/// their `DeleteOptions` (a prune's preconditions, in `requestObject`); everything else at
+/// `Metadata`. Rules are first-match.
 pub const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -22,6 +27,10 @@ rules:
   resources:
   - group: coordination.k8s.io
     resources: [leases]
+- level: Request
+  verbs: [delete, deletecollection]
+  resources:
+  - group: operator.kyma-project.io
 - level: Metadata
 ";
 
@@ -49,9 +58,12 @@ pub struct AuditEvent {
     pub object_ref: Option<ObjectRef>,
     /// The response status.
     pub response_status: Option<ResponseStatus>,
+    /// The request body, for requests logged at level `Request` or above (see
+    /// [`AUDIT_POLICY`]): for a delete, its `DeleteOptions`.
+    pub request_object: Option<serde_json::Value>,
     /// When the apiserver received the request (RFC 3339 with microseconds).
     pub request_received_timestamp: String,
-    /// When this stage was reached.
+    /// When this stage was reached: for `ResponseComplete`, when the response was complete.
     pub stage_timestamp: String,
 }
 

@@ -163,7 +163,23 @@ impl Fleet {
     /// # Errors
     /// Fails when a replica of that identity still runs, or it cannot be spawned.
     pub fn spawn_replica(&mut self, identity: &str, extra_args: &[&str]) -> Result<&mut Catalogsync> {
-        self.spawn(identity, extra_args, None)
+        self.spawn(identity, identity, extra_args, None, &[])
+    }
+
+    /// [`Fleet::spawn_replica`] under the name `key` in this fleet, running as `--identity
+    /// identity` (so two processes can share one identity) with extra environment `envs`
+    /// (for example a clock offset through libfaketime).
+    ///
+    /// # Errors
+    /// As [`Fleet::spawn_replica`].
+    pub fn spawn_replica_as(
+        &mut self,
+        key: &str,
+        identity: &str,
+        extra_args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Result<&mut Catalogsync> {
+        self.spawn(key, identity, extra_args, None, envs)
     }
 
     /// [`Fleet::spawn_replica`] with the replica's KCP traffic through a new [`TcpProxy`]
@@ -173,17 +189,24 @@ impl Fleet {
     /// As [`Fleet::spawn_replica`], or when the proxy cannot start.
     pub fn spawn_replica_via_proxy(&mut self, identity: &str, extra_args: &[&str]) -> Result<&TcpProxy> {
         let proxy = TcpProxy::try_start(local(env().kcp.port()))?;
-        self.spawn(identity, extra_args, Some(proxy))?;
+        self.spawn(identity, identity, extra_args, Some(proxy), &[])?;
         self.proxy(identity).context("the proxy of the replica just spawned")
     }
 
-    fn spawn(&mut self, identity: &str, extra_args: &[&str], proxy: Option<TcpProxy>) -> Result<&mut Catalogsync> {
-        if let Some(mut old) = self.replicas.remove(identity) {
+    fn spawn(
+        &mut self,
+        key: &str,
+        identity: &str,
+        extra_args: &[&str],
+        proxy: Option<TcpProxy>,
+        envs: &[(&str, &str)],
+    ) -> Result<&mut Catalogsync> {
+        if let Some(mut old) = self.replicas.remove(key) {
             if old.process.is_running() {
-                self.replicas.insert(identity.to_owned(), old);
-                anyhow::bail!("replica {identity} still runs; kill or terminate it first");
+                self.replicas.insert(key.to_owned(), old);
+                anyhow::bail!("replica {key} still runs; kill or terminate it first");
             }
-            self.retired.push((identity.to_owned(), old.process));
+            self.retired.push((key.to_owned(), old.process));
         }
         let env = env();
         let mut yaml = env.kcp.kubeconfig_yaml(CATALOGSYNC_USER, CATALOGSYNC_GROUPS);
@@ -191,7 +214,7 @@ impl Fleet {
             yaml = kubeconfig_via(&yaml, proxy.addr());
         }
         let file_name: String =
-            identity.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
+            key.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
         let kubeconfig = write_kubeconfig(self.scenario.dir.path(), &format!("replica-{file_name}"), &yaml);
         let http_port = free_port()?;
         let http_addr = format!("127.0.0.1:{http_port}");
@@ -211,10 +234,9 @@ impl Fleet {
         args.extend(self.base_args.iter().map(String::as_str));
         args.extend_from_slice(extra_args);
         let process =
-            Catalogsync::spawn_bin(&catalogsync_bin(), &args, &[], &kubeconfig, Some(self.scenario.dir.path()))
-                .with_context(|| format!("failed to spawn replica {identity}"))?;
-        let replica =
-            self.replicas.entry(identity.to_owned()).or_insert(Replica { process, http_port, kubeconfig, proxy });
+            Catalogsync::spawn_bin(&catalogsync_bin(), &args, envs, &kubeconfig, Some(self.scenario.dir.path()))
+                .with_context(|| format!("failed to spawn replica {key}"))?;
+        let replica = self.replicas.entry(key.to_owned()).or_insert(Replica { process, http_port, kubeconfig, proxy });
         Ok(&mut replica.process)
     }
 

@@ -4,14 +4,19 @@
 //!
 //! - **One writer per SKR.** Every SKR write (create, update, patch, delete,
 //!   deletecollection; successful or not: every write the apiserver received) by replica R
-//!   for shard s at `requestReceivedTimestamp` t must fall where the holder of the Lease
-//!   `catalogsync-shard-<s>` was R. The holder at t is the `spec.holderIdentity` of the last
-//!   successful write of that Lease whose `requestReceivedTimestamp` is at or before t ("" =
-//!   unheld; a deleted Lease is unheld). A write takes effect somewhere between its
-//!   `requestReceivedTimestamp` and its `stageTimestamp`, and the `stageTimestamp` of
+//!   for shard s counts over its whole interval: from its `requestReceivedTimestamp` to the
+//!   `stageTimestamp` of its `ResponseComplete` (or `Panic`) event, when the apiserver was
+//!   done with it. A write takes effect somewhere in that interval, so all of it must fall
+//!   where the holder of the Lease `catalogsync-shard-<s>` was R: a write still in flight
+//!   when the shard went to someone else is a violation, as is one that began before R's
+//!   claim. The holder at t is the `spec.holderIdentity` of the last successful write of that
+//!   Lease whose `requestReceivedTimestamp` is at or before t ("" = unheld; a deleted Lease is
+//!   unheld). Lease writes count at their received time: the `stageTimestamp` of
 //!   `ResponseComplete` can trail the moment the client has the response by hundreds of
-//!   milliseconds on a loaded machine; the received time is the earliest a claim can count
-//!   (nothing that depends on it can reach an SKR sooner) and the strictest end of a tenure.
+//!   milliseconds on a loaded machine, so the received time is the earliest a claim can
+//!   count (nothing that depends on it can reach an SKR sooner) and the strictest end of a
+//!   tenure. Independently of the Leases, two writes as the same SKR user by different
+//!   replicas whose intervals overlap are a double writer.
 //! - **No SKR forgotten.** The longest window per shard in which its Lease had no holder (or,
 //!   with [`InvariantOptions::member_liveness`], a holder whose member Lease
 //!   `catalogsync-member-<identity>` was expired: `renewTime + leaseDurationSeconds < t`,
@@ -101,8 +106,11 @@ impl LeaseWrite {
 /// One write request an SKR apiserver received, from its audit log.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SkrWrite {
-    /// `requestReceivedTimestamp`.
+    /// `requestReceivedTimestamp`: the write cannot have taken effect earlier.
     pub time: Timestamp,
+    /// `stageTimestamp` of the event that closed the request (`ResponseComplete` or `Panic`):
+    /// the write cannot have taken effect later. Never before [`SkrWrite::time`].
+    pub completed: Timestamp,
     /// The authenticated user (the Kyma's client identity).
     pub user: String,
     /// The User-Agent header ("" when absent).
@@ -144,6 +152,7 @@ struct RawEvent {
     response_status: Option<RawStatus>,
     response_object: Option<serde_json::Value>,
     request_received_timestamp: String,
+    stage_timestamp: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -268,7 +277,8 @@ pub fn parse_lease_writes(text: &str) -> Result<Vec<LeaseWrite>> {
 }
 
 /// The write requests (create, update, patch, delete, deletecollection; any response code)
-/// in an SKR audit log text, ordered by `requestReceivedTimestamp`; `skr` names the log.
+/// in an SKR audit log text, each from its `requestReceivedTimestamp` to the `stageTimestamp`
+/// of its closing event, ordered by `requestReceivedTimestamp`; `skr` names the log.
 ///
 /// # Errors
 /// Fails when a complete line is not an audit event or a timestamp is invalid.
@@ -290,8 +300,10 @@ pub fn parse_skr_writes(text: &str, skr: &str) -> Result<Vec<SkrWrite>> {
             format!("{resource} {}/{}", o.namespace.as_deref().unwrap_or(""), o.name.as_deref().unwrap_or(""))
         });
         let user_agent = event.user_agent.clone().unwrap_or_default();
+        let time = parse_time(&event.request_received_timestamp, "requestReceivedTimestamp")?;
         writes.push(SkrWrite {
-            time: parse_time(&event.request_received_timestamp, "requestReceivedTimestamp")?,
+            time,
+            completed: parse_time(&event.stage_timestamp, "stageTimestamp")?.max(time),
             user: event.user.username.clone(),
             replica: replica_from_user_agent(&user_agent).map(str::to_owned),
             user_agent,
@@ -390,6 +402,18 @@ pub fn holder_at(timeline: &[HolderChange], t: Timestamp) -> Option<&HolderChang
     after.checked_sub(1).map(|i| &timeline[i])
 }
 
+/// The first point of `timeline` in `(from, to]` whose holder is not `holder`: where a
+/// tenure of `holder` that covers `from` ends before `to`.
+pub fn holder_change_within<'a>(
+    timeline: &'a [HolderChange],
+    holder: &str,
+    from: Timestamp,
+    to: Timestamp,
+) -> Option<&'a HolderChange> {
+    let start = timeline.partition_point(|c| c.time <= from);
+    timeline[start..].iter().take_while(|c| c.time <= to).find(|c| c.holder != holder)
+}
+
 /// Liveness of each member (by the identity in its Lease name): `(write time, live until)`.
 type Members = BTreeMap<String, Vec<(Timestamp, Option<Timestamp>)>>;
 
@@ -410,6 +434,19 @@ fn member_live(members: &Members, identity: &str, t: Timestamp) -> bool {
     let Some(history) = members.get(identity) else { return false };
     let after = history.partition_point(|(written, _)| *written <= t);
     after.checked_sub(1).and_then(|i| history[i].1).is_some_and(|until| t <= until)
+}
+
+/// Whether the member Lease of `identity` was live at every instant of `[from, to]`: the
+/// write in force at `from` and every later one up to `to` each keep it live until the next
+/// one (or until `to`).
+fn member_live_over(members: &Members, identity: &str, from: Timestamp, to: Timestamp) -> bool {
+    let Some(history) = members.get(identity) else { return false };
+    let Some(first) = history.partition_point(|(written, _)| *written <= from).checked_sub(1) else { return false };
+    let last = history.partition_point(|(written, _)| *written <= to);
+    (first..last).all(|i| {
+        let segment_end = history.get(i + 1).map_or(to, |(next, _)| (*next).min(to));
+        history[i].1.is_some_and(|until| segment_end <= until)
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -458,12 +495,14 @@ pub struct UnownedWindow {
 /// The outcome of [`analyze`] / [`check_invariants`].
 #[derive(Clone, Debug, Default)]
 pub struct InvariantReport {
-    /// Double-writer violations: SKR writes by a replica that did not hold the shard then
-    /// (including writes no replica can be told from: no catalogsync User-Agent, or a shard
-    /// whose Lease was never written). Empty when the invariant held.
+    /// Double-writer violations: SKR writes by a replica that did not hold the shard for the
+    /// whole of the write, from received to completed (including writes no replica can be
+    /// told from: no catalogsync User-Agent, or a shard whose Lease was never written), and
+    /// pairs of writes as one SKR user by different replicas whose intervals overlap. Empty
+    /// when the invariant held.
     pub violations: Vec<String>,
     /// With [`InvariantOptions::member_liveness`]: writes by the shard holder while its own
-    /// member Lease was not live (it should have fenced itself).
+    /// member Lease was not live at some point of the write (it should have fenced itself).
     pub fencing_violations: Vec<String>,
     /// The longest unowned window over all shards (zero when none).
     pub longest_unowned: Duration,
@@ -480,6 +519,12 @@ pub struct InvariantReport {
     pub timelines: BTreeMap<u32, Vec<HolderChange>>,
     /// SKR writes checked (by users in the shard map).
     pub skr_writes_checked: usize,
+    /// The longest checked SKR write, from received to completed.
+    pub longest_skr_write: Duration,
+    /// The least time from a write's completion to the end of its writer's tenure of the
+    /// shard (the next Lease write naming another holder), over the writes whose writer held
+    /// the shard throughout: how close a predecessor's writes came to its successor.
+    pub closest_to_handover: Option<Duration>,
     /// SKR writes ignored (other users, e.g. the test's admin).
     pub skr_writes_ignored: usize,
     /// Lease writes seen (all namespaces and names).
@@ -530,6 +575,12 @@ impl fmt::Display for InvariantReport {
             self.violations.len(),
             self.fencing_violations.len()
         )?;
+        let closest = self.closest_to_handover.map_or_else(|| "none".to_owned(), fmt_duration);
+        writeln!(
+            f,
+            "  longest SKR write: {}; closest write end before its writer's tenure ended: {closest}",
+            fmt_duration(self.longest_skr_write)
+        )?;
         match (self.longest_unowned_shard, self.longest_unowned_shard.and_then(|s| self.unowned_per_shard.get(&s))) {
             (Some(shard), Some(w)) => writeln!(
                 f,
@@ -570,6 +621,8 @@ pub fn analyze(
     let timelines = shard_timelines(lease_writes, ns);
     let members = member_histories(lease_writes, ns);
     let mut report = InvariantReport { lease_writes: lease_writes.len(), ..InvariantReport::default() };
+    // The checked writes with a replica identity, per SKR user: (shard, write, replica).
+    let mut by_user: BTreeMap<&str, Vec<(u32, &SkrWrite, &String)>> = BTreeMap::new();
 
     for w in skr_writes {
         let Some(&shard) = shard_of_user.get(&w.user) else {
@@ -577,16 +630,16 @@ pub fn analyze(
             continue;
         };
         report.skr_writes_checked += 1;
+        let duration = Duration::try_from(w.completed.duration_since(w.time)).unwrap_or_default();
+        report.longest_skr_write = report.longest_skr_write.max(duration);
         let writer = w.replica.clone().unwrap_or_else(|| format!("?{}", w.user_agent));
         report.writers_per_user.entry(w.user.clone()).or_default().insert(writer.clone());
-        let what = format!(
-            "shard {shard}: {} {} in {} as {} by replica {writer:?} at {} (HTTP {})",
-            w.verb, w.target, w.skr, w.user, w.time, w.code
-        );
+        let what = describe_write(shard, w, &writer);
         let Some(replica) = &w.replica else {
             report.violations.push(format!("{what}: no replica identity in User-Agent {:?}", w.user_agent));
             continue;
         };
+        by_user.entry(&w.user).or_default().push((shard, w, replica));
         let timeline = timelines.get(&shard).map_or(&[][..], Vec::as_slice);
         match holder_at(timeline, w.time) {
             None => report.violations.push(format!("{what}: the shard Lease had not been written yet")),
@@ -594,16 +647,28 @@ pub fn analyze(
                 .violations
                 .push(format!("{what}: holder then {:?} (since {}, {} by {})", h.holder, h.time, h.verb, h.user)),
             Some(_) => {
-                if options.member_liveness && !member_live(&members, replica, w.time) {
+                if let Some(next) = holder_change_within(timeline, replica, w.time, w.completed) {
+                    report.violations.push(format!(
+                        "{what}: still in flight when the holder became {:?} ({}, {} by {})",
+                        next.holder, next.time, next.verb, next.user
+                    ));
+                } else if options.member_liveness && !member_live_over(&members, replica, w.time, w.completed) {
                     report.fencing_violations.push(format!("{what}: holder, but its member Lease was not live"));
+                }
+                if let Some(next) = holder_change_within(timeline, replica, w.completed, Timestamp::MAX) {
+                    let margin = Duration::try_from(next.time.duration_since(w.completed)).unwrap_or_default();
+                    report.closest_to_handover = Some(report.closest_to_handover.map_or(margin, |m| m.min(margin)));
                 }
             }
         }
     }
+    for writes in by_user.values_mut() {
+        report.violations.extend(overlapping_writers(writes));
+    }
     report.multi_writer_users =
         report.writers_per_user.iter().filter(|(_, writers)| writers.len() > 1).map(|(u, _)| u.clone()).collect();
 
-    let last_seen = lease_writes.iter().map(|w| w.time).chain(skr_writes.iter().map(|w| w.time)).max();
+    let last_seen = lease_writes.iter().map(|w| w.time).chain(skr_writes.iter().map(|w| w.completed)).max();
     if let Some(until) = options.until.or(last_seen) {
         for (&shard, timeline) in &timelines {
             if let Some(window) = longest_unowned(timeline, &members, options, until) {
@@ -617,6 +682,37 @@ pub fn analyze(
     }
     report.timelines = timelines;
     report
+}
+
+/// How a violation names an SKR write.
+fn describe_write(shard: u32, w: &SkrWrite, writer: &str) -> String {
+    format!(
+        "shard {shard}: {} {} in {} as {} by replica {writer:?} from {} to {} (HTTP {})",
+        w.verb, w.target, w.skr, w.user, w.time, w.completed, w.code
+    )
+}
+
+/// The pairs among the writes of one SKR user, by different replicas, whose intervals
+/// `[received, completed]` overlap (intervals that only touch do not). One violation per pair.
+fn overlapping_writers(writes: &mut [(u32, &SkrWrite, &String)]) -> Vec<String> {
+    writes.sort_by_key(|(_, w, _)| (w.time, w.completed));
+    let mut found = Vec::new();
+    // Earlier writes that may still overlap a later one: those completed after its receipt.
+    let mut open: Vec<(u32, &SkrWrite, &String)> = Vec::new();
+    for &(shard, w, replica) in writes.iter() {
+        open.retain(|(_, earlier, _)| earlier.completed > w.time);
+        for (earlier_shard, earlier, earlier_replica) in &open {
+            if *earlier_replica != replica {
+                found.push(format!(
+                    "{}: overlaps a write by replica {replica:?}: {}",
+                    describe_write(*earlier_shard, earlier, earlier_replica),
+                    describe_write(shard, w, replica),
+                ));
+            }
+        }
+        open.push((shard, w, replica));
+    }
+    found
 }
 
 /// The longest window in `[max(first write, from), until]` in which the shard was unowned.
@@ -730,8 +826,13 @@ mod tests {
         .to_string()
     }
 
-    /// An SKR write by `user` with `user_agent` received at `t` seconds.
+    /// An SKR write by `user` with `user_agent` received at `t` seconds, completed 2 ms later.
     fn skr_line(verb: &str, user: &str, user_agent: &str, t: f64, code: u16) -> String {
+        skr_span(verb, user, user_agent, t, t + 0.002, code)
+    }
+
+    /// An SKR write by `user` with `user_agent` received at `t` and completed at `done` seconds.
+    fn skr_span(verb: &str, user: &str, user_agent: &str, t: f64, done: f64, code: u16) -> String {
         json!({
             "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata",
             "auditID": format!("skr-{user}-{t}"), "stage": "ResponseComplete", "verb": verb,
@@ -740,7 +841,7 @@ mod tests {
             "userAgent": user_agent,
             "objectRef": {"resource": "moduletemplates", "namespace": "kyma-system", "name": "m-1", "apiGroup": "operator.kyma-project.io"},
             "responseStatus": {"metadata": {}, "code": code},
-            "requestReceivedTimestamp": ts(t), "stageTimestamp": ts(t + 0.002),
+            "requestReceivedTimestamp": ts(t), "stageTimestamp": ts(done),
         })
         .to_string()
     }
@@ -863,6 +964,122 @@ mod tests {
         let report = run(&kcp, &skr, &shards(&[("kyma-3", 1)]), &options());
         assert_eq!(report.violations.len(), 1, "{report}");
         assert!(report.violations[0].contains("holder then \"\""), "{}", report.violations[0]);
+    }
+
+    #[test]
+    fn skr_writes_span_from_received_to_completed() {
+        let skr = [
+            skr_span("patch", "kyma-0", "catalogsync/0.1.0 (a)", 2.0, 2.75, 200),
+            // A clock step cannot make a write end before it began.
+            skr_span("delete", "kyma-0", "catalogsync/0.1.0 (a)", 3.0, 2.5, 200),
+        ];
+        let writes = parse_skr_writes(&lines(&skr), "skr-a").expect("parse");
+        assert_eq!((writes[0].time, writes[0].completed), (at(2.0), at(2.75)));
+        assert_eq!((writes[1].time, writes[1].completed), (at(3.0), at(3.0)));
+    }
+
+    #[test]
+    fn a_write_still_in_flight_after_the_shard_moved_is_a_violation() {
+        // a holds shard 0 until 5.0 (released), b claims it at 5.5.
+        let kcp = [
+            lease_line("create", "catalogsync-shard-0", Some("a"), 1.0, 201, Some(1.0)),
+            lease_line("update", "catalogsync-shard-0", Some("a"), 3.0, 200, Some(3.0)), // keeps a
+            lease_line("update", "catalogsync-shard-0", Some(""), 5.0, 200, None),
+            lease_line("update", "catalogsync-shard-0", Some("b"), 5.5, 200, Some(5.5)),
+        ];
+        let map = shards(&[("kyma-0", 0)]);
+        // Received while a held the shard, done after b claimed it: its start alone looks fine.
+        let late = [skr_span("patch", "kyma-0", "catalogsync/0.1.0 (a)", 4.8, 5.6, 200)];
+        let report = run(&kcp, &late, &map, &options());
+        assert_eq!(report.violations.len(), 1, "{report}");
+        assert!(report.violations[0].contains("still in flight when the holder became \"\""), "{report}");
+        // Across a write that keeps the holder: fine.
+        let across = [skr_span("patch", "kyma-0", "catalogsync/0.1.0 (a)", 2.5, 3.5, 200)];
+        assert!(run(&kcp, &across, &map, &options()).violations.is_empty());
+        // Begun before its claim, done after it: a violation too.
+        let early = [skr_span("patch", "kyma-0", "catalogsync/0.1.0 (b)", 5.4, 5.7, 200)];
+        let report = run(&kcp, &early, &map, &options());
+        assert_eq!(report.violations.len(), 1, "{report}");
+        assert!(report.violations[0].contains("holder then \"\""), "{report}");
+    }
+
+    #[test]
+    fn overlapping_writes_by_two_replicas_are_a_violation() {
+        // No Lease history can excuse two replicas writing as one SKR user at once. (The
+        // shard timeline alone would flag one of them as well; the pair names both.)
+        let kcp = [
+            lease_line("create", "catalogsync-shard-0", Some("a"), 1.0, 201, Some(1.0)),
+            lease_line("update", "catalogsync-shard-0", Some("b"), 3.0, 200, Some(3.0)),
+        ];
+        let skr = [
+            skr_span("patch", "kyma-0", "catalogsync/0.1.0 (a)", 2.0, 2.9, 200),
+            skr_span("patch", "kyma-0", "catalogsync/0.1.0 (b)", 2.8, 3.2, 200),
+            skr_span("patch", "kyma-1", "catalogsync/0.1.0 (b)", 2.0, 2.9, 200), // another SKR user
+        ];
+        let report = run(&kcp, &skr, &shards(&[("kyma-0", 0), ("kyma-1", 0)]), &options());
+        let pairs: Vec<&String> = report.violations.iter().filter(|v| v.contains("overlaps a write")).collect();
+        assert_eq!(pairs.len(), 1, "{report}");
+        assert!(pairs[0].contains("replica \"a\"") && pairs[0].contains("replica \"b\""), "{report}");
+        assert!(pairs[0].contains("as kyma-0"), "{report}");
+        // Overlapping writes by one replica are its own concurrency, not a second writer.
+        let own = [
+            skr_span("patch", "kyma-0", "catalogsync/0.1.0 (a)", 1.5, 2.5, 200),
+            skr_span("delete", "kyma-0", "catalogsync/0.1.0 (a)", 1.6, 2.4, 200),
+        ];
+        assert!(run(&kcp, &own, &shards(&[("kyma-0", 0)]), &options()).violations.is_empty());
+    }
+
+    #[test]
+    fn back_to_back_writes_by_two_replicas_are_fine() {
+        // a's last write ends before it releases; b's first write begins after its claim.
+        let kcp = [
+            lease_line("create", "catalogsync-shard-0", Some("a"), 1.0, 201, Some(1.0)),
+            lease_line("update", "catalogsync-shard-0", Some(""), 3.0, 200, None),
+            lease_line("update", "catalogsync-shard-0", Some("b"), 3.1, 200, Some(3.1)),
+        ];
+        let skr = [
+            skr_span("patch", "kyma-0", "catalogsync/0.1.0 (a)", 2.0, 2.99, 200),
+            skr_span("patch", "kyma-0", "catalogsync/0.1.0 (b)", 3.1, 3.4, 200),
+            skr_span("patch", "kyma-0", "catalogsync/0.1.0 (b)", 3.4, 3.5, 200), // touches: no overlap
+        ];
+        let report = run(&kcp, &skr, &shards(&[("kyma-0", 0)]), &options());
+        assert!(report.violations.is_empty(), "{report}");
+        assert_eq!(report.skr_writes_checked, 3);
+        assert_eq!(report.longest_skr_write, Duration::from_millis(990));
+        assert_eq!(
+            report.closest_to_handover,
+            Some(Duration::from_millis(10)),
+            "a's write ended 10 ms before its release"
+        );
+        // Without Leases in between, touching intervals of two replicas are still no overlap.
+        let skr = [
+            skr_span("patch", "kyma-0", "catalogsync/0.1.0 (a)", 2.0, 2.5, 200),
+            skr_span("patch", "kyma-0", "catalogsync/0.1.0 (b)", 2.5, 2.6, 200),
+        ];
+        let writes = parse_skr_writes(&lines(&skr), "skr-a").expect("parse");
+        let mut refs: Vec<(u32, &SkrWrite, &String)> =
+            writes.iter().map(|w| (0, w, w.replica.as_ref().expect("an identity"))).collect();
+        assert!(overlapping_writers(&mut refs).is_empty());
+    }
+
+    #[test]
+    fn member_liveness_covers_the_whole_write() {
+        // a's member Lease (6 s) is renewed at 1 (live until 7) and at 8 (a gap 7 .. 8).
+        let kcp = [
+            lease_line("create", "catalogsync-member-a", Some("a"), 1.0, 201, Some(1.0)),
+            lease_line("create", "catalogsync-shard-0", Some("a"), 1.0, 201, Some(1.0)),
+            lease_line("update", "catalogsync-member-a", Some("a"), 8.0, 200, Some(8.0)),
+        ];
+        let map = shards(&[("kyma-0", 0)]);
+        let opts = InvariantOptions { member_liveness: true, ..options() };
+        let inside = [skr_span("patch", "kyma-0", "catalogsync/0.1.0 (a)", 5.0, 6.9, 200)];
+        assert!(run(&kcp, &inside, &map, &opts).is_clean());
+        let past_expiry = [skr_span("patch", "kyma-0", "catalogsync/0.1.0 (a)", 6.5, 7.2, 200)];
+        assert_eq!(run(&kcp, &past_expiry, &map, &opts).fencing_violations.len(), 1);
+        let across_gap = [skr_span("patch", "kyma-0", "catalogsync/0.1.0 (a)", 6.5, 8.5, 200)];
+        assert_eq!(run(&kcp, &across_gap, &map, &opts).fencing_violations.len(), 1);
+        let after_renewal = [skr_span("patch", "kyma-0", "catalogsync/0.1.0 (a)", 8.0, 8.5, 200)];
+        assert!(run(&kcp, &after_renewal, &map, &opts).is_clean());
     }
 
     #[test]

@@ -339,3 +339,23 @@ pub fn k8s_binary(env_var: &str, name: &str) -> Result<PathBuf> {
         ),
     }
 }
+
+/// The libfaketime library to `LD_PRELOAD` into a process whose wall clock a test offsets
+/// (`FAKETIME=+120`, with `DONT_FAKE_MONOTONIC=1` so its monotonic clock stays true).
+/// `hack/test.sh` installs it (Debian package `libfaketime`).
+///
+/// # Errors
+/// Fails when it is not installed.
+pub fn libfaketime() -> Result<PathBuf> {
+    let candidates = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+        "/usr/local/lib/faketime/libfaketime.so.1",
+    ];
+    candidates
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .with_context(|| format!("libfaketime not found in {candidates:?}: apt-get install libfaketime"))
+}

@@ -44,7 +44,7 @@ fn listed_copy(want: &DesiredObject, rv: &str, managed: bool) -> Observed {
 fn listed_copy_edited(want: &DesiredObject, rv: &str, managed: bool, edit: impl FnOnce(&mut Value)) -> Observed {
     let mut content = want.body.value().expect("the body is JSON");
     content["metadata"]["resourceVersion"] = json!(rv);
-    content["metadata"]["uid"] = json!("9d8c7b6a-skr");
+    content["metadata"]["uid"] = json!(uid_of(&want.name));
     content["metadata"]["generation"] = json!(1);
     content["metadata"]["creationTimestamp"] = json!("2025-06-03T10:00:00Z");
     if managed {
@@ -53,15 +53,21 @@ fn listed_copy_edited(want: &DesiredObject, rv: &str, managed: bool, edit: impl 
     edit(&mut content);
     Observed {
         name: want.name.clone(),
+        uid: uid_of(&want.name),
         resource_version: rv.to_owned(),
         managed,
         content: Some(CopyDigest::of(&content)),
     }
 }
 
+/// The UID the SKR gave `name` in these tests.
+fn uid_of(name: &str) -> String {
+    format!("uid-of-{name}")
+}
+
 /// What a metadata-only (warm) list returns.
 fn listed_meta(name: &str, rv: &str, managed: bool) -> Observed {
-    Observed { name: name.to_owned(), resource_version: rv.to_owned(), managed, content: None }
+    Observed { name: name.to_owned(), uid: uid_of(name), resource_version: rv.to_owned(), managed, content: None }
 }
 
 fn remember(entries: &[(&str, &str, u64)]) -> KindMemory {
@@ -80,6 +86,10 @@ fn unchanged(plan: &Plan) -> Vec<&str> {
     plan.unchanged.iter().map(|(name, _, _)| name.as_str()).collect()
 }
 
+fn pruned(plan: &Plan) -> Vec<&str> {
+    plan.prune.iter().map(|o| o.name.as_str()).collect()
+}
+
 // ---------------------------------------------------------------------------------------------
 // Apply
 // ---------------------------------------------------------------------------------------------
@@ -90,7 +100,7 @@ fn plan_applies_missing_objects() {
     let serverless = desired_mt("serverless", "1.1.0");
     let plan = plan(&desired_of([&keda, &serverless]), &[], &KindMemory::new());
     assert_eq!(plan.apply, vec![keda, serverless]);
-    assert_eq!(plan.prune, Vec::<String>::new());
+    assert_eq!(plan.prune, Vec::<Orphan>::new());
     assert_eq!(plan.unchanged, vec![]);
     assert!(!plan.is_noop());
 }
@@ -109,7 +119,7 @@ fn cold_copy_that_matches_is_unchanged() {
     let observed = listed_copy_edited(&keda, "17", true, |c| c["metadata"]["labels"]["team"] = json!("x"));
     let plan = plan(&desired_of([&keda]), &[observed], &KindMemory::new());
     assert_eq!(plan.apply, vec![]);
-    assert_eq!(plan.prune, Vec::<String>::new());
+    assert_eq!(plan.prune, Vec::<Orphan>::new());
     assert_eq!(plan.unchanged, vec![("keda-1.0.0".to_owned(), "17".to_owned(), keda.hash)]);
     assert!(plan.is_noop());
 }
@@ -129,7 +139,7 @@ fn cold_copy_whose_spec_differs_is_applied() {
     let observed = listed_copy_edited(&keda, "17", true, |c| c["spec"]["descriptor"]["edited"] = json!(true));
     let plan = plan(&desired_of([&keda]), &[observed], &KindMemory::new());
     assert_eq!(plan.apply, vec![keda]);
-    assert_eq!(plan.prune, Vec::<String>::new());
+    assert_eq!(plan.prune, Vec::<Orphan>::new());
     assert_eq!(plan.unchanged, vec![]);
 }
 
@@ -154,7 +164,7 @@ fn warm_copy_with_remembered_rv_and_hash_is_unchanged() {
     let memory = remember(&[("keda-1.0.0", "17", keda.hash)]);
     let plan = plan(&desired_of([&keda]), &[listed_meta("keda-1.0.0", "17", true)], &memory);
     assert_eq!(plan.apply, vec![]);
-    assert_eq!(plan.prune, Vec::<String>::new());
+    assert_eq!(plan.prune, Vec::<Orphan>::new());
     assert_eq!(plan.unchanged, vec![("keda-1.0.0".to_owned(), "17".to_owned(), keda.hash)]);
 }
 
@@ -165,7 +175,7 @@ fn warm_copy_whose_rv_changed_is_applied() {
     let plan = plan(&desired_of([&keda]), &[listed_meta("keda-1.0.0", "18", true)], &memory);
     assert_eq!(plan.apply, vec![keda]);
     assert_eq!(plan.unchanged, vec![]);
-    assert_eq!(plan.prune, Vec::<String>::new());
+    assert_eq!(plan.prune, Vec::<Orphan>::new());
 }
 
 #[test]
@@ -226,9 +236,19 @@ fn plan_prunes_only_managed_orphans() {
         listed_meta("serverless-1.0.0", "4", true),
     ];
     let plan = plan(&desired_of([&keda]), &observed, &memory);
-    assert_eq!(plan.prune, ["keda-0.9.0", "serverless-1.0.0"]);
+    assert_eq!(pruned(&plan), ["keda-0.9.0", "serverless-1.0.0"]);
     assert_eq!(plan.apply, vec![]);
     assert_eq!(unchanged(&plan), ["keda-1.0.0"]);
+}
+
+#[test]
+fn orphans_carry_the_uid_and_version_they_were_listed_with() {
+    // Warm (metadata-only) and cold (full) lists alike: the delete's preconditions.
+    let observed = [listed_meta("keda-0.9.0", "17", true), listed_copy(&desired_mt("old", "0.1.0"), "23", true)];
+    let plan = plan(&BTreeMap::new(), &observed, &KindMemory::new());
+    let orphan =
+        |name: &str, rv: &str| Orphan { name: name.to_owned(), uid: uid_of(name), resource_version: rv.to_owned() };
+    assert_eq!(plan.prune, [orphan("keda-0.9.0", "17"), orphan("old-0.1.0", "23")]);
 }
 
 #[test]
@@ -236,7 +256,7 @@ fn plan_never_prunes_unmanaged_objects() {
     let observed = [listed_meta("user-made", "3", false), listed_copy(&desired_mt("keda", "0.1.0"), "4", false)];
     for desired in [BTreeMap::new(), desired_of([&desired_mt("keda", "1.0.0")])] {
         let plan = plan(&desired, &observed, &KindMemory::new());
-        assert_eq!(plan.prune, Vec::<String>::new());
+        assert_eq!(plan.prune, Vec::<Orphan>::new());
         assert!(plan.unchanged.is_empty());
     }
 }
@@ -250,7 +270,7 @@ fn empty_desired_set_prunes_every_managed_object() {
     ];
     let memory = remember(&[("keda-1.0.0", "1", 42)]);
     let plan = plan(&BTreeMap::new(), &observed, &memory);
-    assert_eq!(plan.prune, ["keda-1.0.0", "serverless-1.0.0"]);
+    assert_eq!(pruned(&plan), ["keda-1.0.0", "serverless-1.0.0"]);
     assert_eq!(plan.apply, vec![]);
     assert_eq!(plan.unchanged, vec![]);
 }
@@ -273,7 +293,7 @@ fn unmanaged_copy_that_differs_is_applied_not_pruned() {
     let observed = listed_copy_edited(&keda, "5", false, |c| c["spec"]["version"] = json!("0.0.1"));
     let plan = plan(&desired_of([&keda]), &[observed], &KindMemory::new());
     assert_eq!(plan.apply, vec![keda]);
-    assert_eq!(plan.prune, Vec::<String>::new());
+    assert_eq!(plan.prune, Vec::<Orphan>::new());
 }
 
 // ---------------------------------------------------------------------------------------------
