@@ -253,6 +253,7 @@ pub async fn run_with(
     // Cancelled by the shard agent once it released its shards on shutdown; only then is the
     // member Lease deleted.
     let shards_released = CancellationToken::new();
+    let predecessors = membership::Predecessors::default();
     // A round of either loop takes a retry period plus a few bounded KCP requests.
     let max_silence = 3 * (args.retry_period + 3 * args.kcp_request_timeout);
     let membership_beat = crate::health::Heartbeat::new("member Lease", max_silence);
@@ -266,6 +267,7 @@ pub async fn run_with(
         metrics: metrics.shard.clone(),
         heartbeat: membership_beat.clone(),
         leases: lease_store.clone(),
+        predecessors: predecessors.clone(),
     }
     .run(shutdown.clone(), shards_released.clone())
     .instrument(info_span!("membership"));
@@ -275,6 +277,7 @@ pub async fn run_with(
         api: lease_api.clone(),
         identity: args.identity.clone(),
         nonce,
+        predecessors,
         view: shards.clone(),
         timing,
         leases: lease_store.clone(),
@@ -334,6 +337,7 @@ pub async fn run_with(
             args.catalog_shrink_threshold,
             kcp.clone(),
             &args.lease_namespace,
+            args.kcp_request_timeout,
         )),
         kyma_store.clone(),
         catalog_tx,

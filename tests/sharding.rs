@@ -5,12 +5,11 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use catalogsync::sharding::ring::shard_of;
 use catalogsync::sharding::table::{self, Table};
-use common::fleet::Fleet;
+use common::fleet::{Fleet, holders};
 use common::invariants::{InvariantOptions, check_invariants};
 use common::scenario::{MT, mrm, mt};
 
@@ -46,28 +45,9 @@ fn spawn(f: &mut Fleet, identity: &str) {
     f.spawn_replica(identity, &args).expect("spawn replica");
 }
 
-async fn read_table(f: &Fleet) -> Table {
-    table::read(&f.scenario.kcp, f.ns(), f.ns()).await.expect("read shard table")
-}
-
-/// Holder of each shard.
-fn holders(t: &Table) -> BTreeMap<u32, String> {
-    t.rows.iter().map(|r| (r.shard, r.holder.clone())).collect()
-}
-
 /// Waits until every shard is held, as desired, by one of `replicas`, within the cap.
 async fn await_converged(f: &Fleet, replicas: &[&str]) -> Table {
-    let want: BTreeSet<String> = replicas.iter().map(|s| (*s).to_owned()).collect();
-    let cap = SHARDS.div_ceil(replicas.len() as u32) as usize;
-    common::await_condition(CONVERGE, &format!("all {SHARDS} shards held by {want:?}"), || async {
-        let t = read_table(f).await;
-        let ok = t.rows.len() == SHARDS as usize
-            && t.rows.iter().all(|r| r.state == "held" && want.contains(&r.holder))
-            && want.iter().all(|m| t.rows.iter().filter(|r| &r.holder == m).count() <= cap)
-            && t.members.iter().cloned().collect::<BTreeSet<_>>() == want;
-        ok.then_some(t)
-    })
-    .await
+    f.await_converged(replicas, SHARDS, CONVERGE).await
 }
 
 /// Waits until every SKR holds `mt_name` in the fleet's sync namespace.

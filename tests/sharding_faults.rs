@@ -7,12 +7,12 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use catalogsync::sharding::ring::shard_of;
-use catalogsync::sharding::table::{self, Table};
-use common::fleet::Fleet;
+use catalogsync::sharding::table::Table;
+use common::fleet::{Fleet, holders};
 use common::invariants::{InvariantOptions, check_invariants};
 use common::scenario::{MT, mrm, mt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -48,25 +48,12 @@ fn spawn(f: &mut Fleet, identity: &str) {
 }
 
 async fn read_table(f: &Fleet) -> Table {
-    table::read(&f.scenario.kcp, f.ns(), f.ns()).await.expect("read shard table")
+    f.shard_table().await.expect("read shard table")
 }
 
-fn holders(t: &Table) -> BTreeMap<u32, String> {
-    t.rows.iter().map(|r| (r.shard, r.holder.clone())).collect()
-}
-
-/// Waits until every shard is held by one of `replicas`, each within the cap.
+/// Waits until every shard is held, as desired, by one of `replicas`, within the cap.
 async fn await_converged(f: &Fleet, replicas: &[&str]) -> Table {
-    let want: BTreeSet<String> = replicas.iter().map(|s| (*s).to_owned()).collect();
-    let cap = SHARDS.div_ceil(replicas.len() as u32) as usize;
-    common::await_condition(CONVERGE, &format!("all {SHARDS} shards held by {want:?}"), || async {
-        let t = read_table(f).await;
-        let ok = t.rows.len() == SHARDS as usize
-            && t.rows.iter().all(|r| r.state == "held" && want.contains(&r.holder))
-            && want.iter().all(|m| t.rows.iter().filter(|r| &r.holder == m).count() <= cap);
-        ok.then_some(t)
-    })
-    .await
+    f.await_converged(replicas, SHARDS, CONVERGE).await
 }
 
 /// Applies a new keda version and waits until both SKRs hold it; returns how long it took.
@@ -99,6 +86,8 @@ fn check(f: &Fleet) -> common::invariants::InvariantReport {
         check_invariants(&f.invariant_input(|ns, name| shard_of(ns, name, SHARDS), options)).expect("invariants");
     eprintln!("{report}");
     report.assert_no_double_writer();
+    let bound = LEASE_DURATION + Duration::from_secs(5);
+    assert!(report.longest_unowned <= bound, "a shard was unowned for {:?} (bound {bound:?})", report.longest_unowned);
     report
 }
 

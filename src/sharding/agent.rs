@@ -64,6 +64,9 @@ pub struct Agent {
     pub identity: String,
     /// This process's nonce, written into the shard Leases it claims.
     pub nonce: String,
+    /// Earlier processes of this identity, gone for a lease duration: their shard Leases are
+    /// clean for this one.
+    pub predecessors: crate::sharding::membership::Predecessors,
     /// Ownership gate.
     pub view: ShardView,
     /// Timings.
@@ -165,7 +168,9 @@ impl Agent {
             let st = lease::state(lease);
             let clean = match st.holder.as_str() {
                 "" => holder_nonce(lease).is_empty(),
-                holder if holder == self.identity => holder_nonce(lease) == self.nonce,
+                holder if holder == self.identity => {
+                    holder_nonce(lease) == self.nonce || self.predecessors.contains(holder_nonce(lease))
+                }
                 _ => false,
             };
             let facts = Facts {

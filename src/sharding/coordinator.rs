@@ -6,10 +6,11 @@
 //!
 //! Liveness is judged by [`Liveness`]: by when this replica observed member Leases change, on
 //! its own monotonic clock, never by comparing another node's wall clock with its own. For a
-//! lease duration after the replica starts, or after a lapse of its own member Lease, it
-//! moves no held shard: its cache may not hold the others' renewals yet (after a KCP outage,
-//! say), and it only assigns shards nobody holds. It observes whether it leads or not, so a
-//! replica elected after the coordinator died already knows who renewed lately. A shard Lease that was deleted and
+//! member counts as dead before this replica observed it for a lease duration, and for a lease
+//! duration after a lapse of its own member Lease it moves no held shard: its cache may not
+//! hold the others' renewals yet (after a KCP outage, say), so it only assigns shards nobody
+//! holds. It observes whether it leads or not, so a replica elected after the coordinator
+//! died already knows who renewed lately. A shard Lease that was deleted and
 //! recreated (by hand) is not assigned before the drain timeout plus the SKR request timeout
 //! have passed, so whatever its old holder still had in flight has ended.
 
@@ -70,7 +71,9 @@ pub struct Coordinator {
 struct Observed {
     /// Observed member Lease changes.
     liveness: Liveness,
-    /// Until when no held shard is moved: a lease duration after observing began.
+    /// Until when no held shard is moved: a lease duration after a lapse of this replica's
+    /// member Lease (its cache may be stale); at start, when the cache comes from a fresh
+    /// list, at once.
     settling_until: Instant,
     /// The UID of each shard Lease as first seen, and until when a shard Lease recreated
     /// meanwhile is left unassigned.
@@ -81,10 +84,11 @@ struct Observed {
 }
 
 impl Observed {
-    fn new(timing: Timing) -> Self {
+    /// Starts observing; held shards move only after `settle`.
+    fn new(timing: Timing, settle: std::time::Duration) -> Self {
         Self {
             liveness: Liveness::new(timing.lease_duration),
-            settling_until: Instant::now() + timing.lease_duration,
+            settling_until: Instant::now() + settle,
             shard_uids: BTreeMap::new(),
             cooling_until: BTreeMap::new(),
             unowned_since: BTreeMap::new(),
@@ -124,7 +128,7 @@ impl Coordinator {
     pub async fn run(self, mut changed: watch::Receiver<()>, token: CancellationToken) {
         let mut leading_until: Option<Instant> = None;
         let mut next_renew = Instant::now();
-        let mut observed = Observed::new(self.timing);
+        let mut observed = Observed::new(self.timing, std::time::Duration::ZERO);
         let mut lapses = self.view.lapses();
         loop {
             // A fenced replica does not campaign: its view of the KCP may be stale, and a
@@ -156,7 +160,7 @@ impl Coordinator {
             if self.view.lapses() != lapses {
                 lapses = self.view.lapses();
                 info!("Member Lease lapsed: observing the other members anew before moving any held shard");
-                observed = Observed::new(self.timing);
+                observed = Observed::new(self.timing, self.timing.lease_duration);
             }
             let all = self.observe(&mut observed);
             self.metrics.is_coordinator.set(i64::from(leading));
@@ -236,8 +240,9 @@ impl Coordinator {
         for (shard, l) in &shard_leases {
             let st = lease::state(l);
             let want = target.get(shard).cloned().unwrap_or_default();
-            // Until settled, only shards nobody holds are assigned; a recreated shard Lease
-            // waits until its old holder's requests have ended.
+            // Until settled after a lapse, only shards nobody holds are assigned; a recreated
+            // shard Lease waits until its old holder's requests have ended. No holder counts
+            // as dead before it was observed for a lease duration (see `Liveness`).
             let reassign = st.desired != want && (settled || st.holder.is_empty()) && !term.is_cooling(*shard);
             let force = settled
                 && may_force_release(&st.holder, term.liveness.is_alive(&st.holder, clock))

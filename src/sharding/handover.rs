@@ -14,8 +14,9 @@
 //! a replica waits in `Pending` for the drain timeout plus the SKR request timeout, so
 //! whatever the previous holder still had in flight has ended. It does not wait when the
 //! Lease is *clean*: released by the protocol (its holder nonce cleared after a drain, or by
-//! the coordinator after the holder expired), or last claimed by this very process (its own
-//! nonce, as after a lapse of its member Lease).
+//! the coordinator after the holder expired), last claimed by this very process (its own
+//! nonce, as after a lapse of its member Lease), or by an earlier process of its identity
+//! whose member Lease it took over after seeing it unchanged for a lease duration.
 //!
 //! A replica gives up every shard when it is fenced and works on a shard again only after a
 //! successful Lease write (claim or resume, each with a resourceVersion precondition), so a

@@ -45,6 +45,8 @@ pub struct Member {
     pub heartbeat: crate::health::Heartbeat,
     /// The Lease cache, for the shard count recorded in the config Lease.
     pub leases: Store<Lease>,
+    /// Filled with the nonce of a predecessor whose member Lease this process took over.
+    pub predecessors: Predecessors,
 }
 
 /// What the config Lease says of this replica's `--shards`.
@@ -56,6 +58,24 @@ enum ShardCount {
     Differs(u32),
     /// None is recorded, or the cache does not show the config Lease yet.
     Unknown,
+}
+
+/// The nonces of earlier processes of this identity whose member Lease this process took
+/// over: they were gone for a lease duration, so they fenced themselves and their last SKR
+/// requests ended long ago, and the shard Leases they hold are as good as released to this
+/// process (see `sharding::handover`: clean).
+#[derive(Debug, Clone, Default)]
+pub struct Predecessors(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Predecessors {
+    fn add(&self, nonce: &str) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(nonce.to_owned());
+    }
+
+    /// Whether `nonce` is that of a process this one took over from.
+    pub fn contains(&self, nonce: &str) -> bool {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().any(|n| n == nonce)
+    }
 }
 
 /// The result of one renewal attempt.
@@ -223,6 +243,7 @@ impl Member {
         if other.is_alive(&self.identity, Instant::now()) {
             return Ok(Renewal::HeldByAnother);
         }
+        let predecessor = lease.annotations().get(MEMBER_NONCE_ANNOTATION).cloned().unwrap_or_default();
         lease.annotations_mut().insert(MEMBER_NONCE_ANNOTATION.to_owned(), self.nonce.clone());
         let spec = lease.spec.get_or_insert_with(Default::default);
         spec.holder_identity = Some(self.identity.clone());
@@ -232,6 +253,7 @@ impl Member {
         lease.metadata.managed_fields = None;
         match self.bounded(self.api.replace(&lease.name_any(), &PostParams::default(), &lease)).await {
             Ok(replaced) => {
+                self.predecessors.add(&predecessor);
                 info!(lease = %replaced.name_any(), "Took over the member Lease of a process that is gone");
                 Ok(Renewal::Renewed(replaced.resource_version().unwrap_or_default()))
             }

@@ -25,11 +25,6 @@ use crate::sync::catalog::CatalogState;
 /// while a hold lasts; a confirmation takes effect within it.
 pub const GUARD_RECHECK: Duration = Duration::from_secs(2);
 
-/// Longest wait for one request to the coordinator Lease. The catalog loop waits for it (the
-/// catalog watches are not polled meanwhile), and the KCP answers a GET or PATCH of one small
-/// object within milliseconds; a KCP that does not answer within this is treated like an error.
-const LEASE_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// The flag that sets the threshold, named in the hold's log line.
 const THRESHOLD_FLAG: &str = "--catalog-shrink-threshold";
 
@@ -40,15 +35,20 @@ const ANNOTATION_LOG_CHARS: usize = 64;
 #[derive(Clone)]
 pub struct ShrinkGuard {
     threshold: f64,
+    /// Longest wait for one request to the coordinator Lease (`--kcp-request-timeout`). The
+    /// catalog loop waits for it (the catalog watches are not polled meanwhile); a KCP that
+    /// does not answer within it is treated like an error.
+    timeout: Duration,
     namespace: String,
     leases: Api<Lease>,
 }
 
 impl ShrinkGuard {
     /// A guard with `--catalog-shrink-threshold` `threshold` that keeps its notes on the
-    /// coordinator Lease in `namespace` (`--lease-namespace`).
-    pub fn new(threshold: f64, kcp: Client, namespace: &str) -> Self {
-        Self { threshold, namespace: namespace.to_owned(), leases: Api::namespaced(kcp, namespace) }
+    /// coordinator Lease in `namespace` (`--lease-namespace`), each request bounded by
+    /// `timeout`.
+    pub fn new(threshold: f64, kcp: Client, namespace: &str, timeout: Duration) -> Self {
+        Self { threshold, timeout, namespace: namespace.to_owned(), leases: Api::namespaced(kcp, namespace) }
     }
 
     /// Whether the guard does anything (a threshold below 1).
@@ -57,7 +57,7 @@ impl ShrinkGuard {
     }
 
     async fn read(&self) -> Result<LeaseRead, GuardLeaseError> {
-        let lease = tokio::time::timeout(LEASE_REQUEST_TIMEOUT, self.leases.get_opt(COORDINATOR_LEASE))
+        let lease = tokio::time::timeout(self.timeout, self.leases.get_opt(COORDINATOR_LEASE))
             .await
             .map_err(|_| GuardLeaseError::TimedOut)?
             .map_err(GuardLeaseError::ReadLease)?;
@@ -83,14 +83,11 @@ impl ShrinkGuard {
         metadata.insert("annotations".to_owned(), Value::Object(annotations));
         let params = PatchParams { field_manager: Some(KCP_FIELD_MANAGER.to_owned()), ..PatchParams::default() };
         let patch = json!({ "metadata": metadata });
-        tokio::time::timeout(
-            LEASE_REQUEST_TIMEOUT,
-            self.leases.patch(COORDINATOR_LEASE, &params, &Patch::Merge(&patch)),
-        )
-        .await
-        .map_err(|_| GuardLeaseError::TimedOut)?
-        .map(|_| ())
-        .map_err(GuardLeaseError::RecordCatalog)
+        tokio::time::timeout(self.timeout, self.leases.patch(COORDINATOR_LEASE, &params, &Patch::Merge(&patch)))
+            .await
+            .map_err(|_| GuardLeaseError::TimedOut)?
+            .map(|_| ())
+            .map_err(GuardLeaseError::RecordCatalog)
     }
 }
 

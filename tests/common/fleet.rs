@@ -15,12 +15,13 @@
 //! let report = check_invariants(&fleet.invariant_input(|ns, name| shard_of(ns, name, 8), options))?;
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use catalogsync::sharding::table::{self, Table};
 use futures::TryStreamExt as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -422,4 +423,36 @@ pub async fn http_get_at(addr: std::net::SocketAddr, path: &str) -> Result<(u16,
     let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     Ok((code, body))
+}
+
+impl Fleet {
+    /// The shard table of this fleet's Leases, as `catalogsync shards` prints it.
+    ///
+    /// # Errors
+    /// Fails when the Leases or Kymas cannot be listed.
+    pub async fn shard_table(&self) -> Result<Table> {
+        Ok(table::read(&self.scenario.kcp, self.ns(), self.ns()).await?)
+    }
+
+    /// Waits up to `timeout` until all `shards` shards are held, as desired, by exactly the
+    /// live members `replicas`, none above the cap `ceil(shards / replicas)`; returns the
+    /// table.
+    pub async fn await_converged(&self, replicas: &[&str], shards: u32, timeout: Duration) -> Table {
+        let want: BTreeSet<String> = replicas.iter().map(|s| (*s).to_owned()).collect();
+        let cap = shards.div_ceil(replicas.len() as u32) as usize;
+        super::await_condition(timeout, &format!("all {shards} shards held by {want:?}"), || async {
+            let t = self.shard_table().await.ok()?;
+            let ok = t.rows.len() == shards as usize
+                && t.rows.iter().all(|r| r.state == "held" && want.contains(&r.holder))
+                && want.iter().all(|m| t.rows.iter().filter(|r| &r.holder == m).count() <= cap)
+                && t.members.iter().cloned().collect::<BTreeSet<_>>() == want;
+            ok.then_some(t)
+        })
+        .await
+    }
+}
+
+/// The holder of each shard in `table`.
+pub fn holders(table: &Table) -> BTreeMap<u32, String> {
+    table.rows.iter().map(|r| (r.shard, r.holder.clone())).collect()
 }
