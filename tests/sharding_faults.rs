@@ -100,6 +100,18 @@ async fn metric_sum(f: &Fleet, replicas: &[&str], name: &str) -> f64 {
     total
 }
 
+/// Waits until replica `key` reports through the gauge `metric` that it is kept out, and
+/// checks that it is not ready and its log says `why`.
+async fn await_kept_out(f: &Fleet, key: &str, metric: &str, why: &str) {
+    common::await_condition(PROMPT, &format!("{key} to report {metric}"), || async {
+        f.metric(key, metric, &[]).await == 1.0
+    })
+    .await;
+    let (code, body) = f.http_get(key, "/readyz").await.expect("readyz");
+    assert_eq!(code, 503, "{key} must not be ready: {body}");
+    assert!(f.log(key).contains(why), "the log of {key} does not say: {why}");
+}
+
 fn leases(f: &Fleet) -> Api<Lease> {
     Api::namespaced(f.scenario.kcp.clone(), f.ns())
 }
@@ -117,13 +129,13 @@ async fn two_processes_with_one_identity_never_write_together() {
     let args = args(&f);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     f.spawn_replica_as("r1-twin", "r1", &args, &[]).expect("spawn the twin");
-    common::await_condition(PROMPT, "the twin to report the identity conflict", || async {
-        f.metric("r1-twin", "catalogsync_member_identity_conflict", &[]).await == 1.0
-    })
+    await_kept_out(
+        &f,
+        "r1-twin",
+        "catalogsync_member_identity_conflict",
+        "Another process renews the member Lease of this identity",
+    )
     .await;
-    let (code, body) = f.http_get("r1-twin", "/readyz").await.expect("readyz");
-    assert_eq!(code, 503, "the twin must not be ready: {body}");
-    assert!(f.log("r1-twin").contains("Another process renews the member Lease of this identity"));
     let took = release_everywhere(&f, "1.1.0").await;
     eprintln!("a release with the twin running reached every SKR in {:.1}s", took.as_secs_f64());
     assert_eq!(
@@ -420,13 +432,13 @@ async fn changing_the_shard_count_never_has_two_writers() {
     let four = f.sharding_args(4);
     let four: Vec<&str> = four.iter().map(String::as_str).collect();
     f.spawn_replica_as("new", "new", &four, &[]).expect("spawn a replica with 4 shards");
-    common::await_condition(PROMPT, "the 4-shard replica to report the mismatch", || async {
-        f.metric("new", "catalogsync_shard_count_mismatch", &[]).await == 1.0
-    })
+    await_kept_out(
+        &f,
+        "new",
+        "catalogsync_shard_count_mismatch",
+        "differs from the shard count recorded in the config Lease",
+    )
     .await;
-    let (code, _) = f.http_get("new", "/readyz").await.expect("readyz");
-    assert_eq!(code, 503, "a replica with another shard count must not be ready");
-    assert!(f.log("new").contains("differs from the shard count recorded in the config Lease"));
     let took = release_everywhere(&f, "1.1.0").await;
     eprintln!("with a mismatched replica running, a release reached every SKR in {:.1}s", took.as_secs_f64());
 
