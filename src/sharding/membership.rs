@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::api::{MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION, member_lease_name};
+use crate::api::{CONFIG_LEASE, MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION, member_lease_name};
 use crate::metrics::ShardMetrics;
 use crate::sharding::lease::{member_version, new_config, new_member, recorded_shards};
 use crate::sharding::liveness::Liveness;
@@ -189,7 +189,18 @@ impl Member {
                         info!(shards = self.view.shards(), "Recorded the shard count in the config Lease");
                         ShardCount::Agrees
                     }
-                    // It exists (the cache has not caught up), or the KCP failed: next round.
+                    // It exists and the cache has not caught up yet (at start): read it.
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        match self.bounded(self.api.get_opt(CONFIG_LEASE)).await {
+                            Ok(Some(lease)) => match recorded_shards(&lease) {
+                                Some(n) if n == self.view.shards() => ShardCount::Agrees,
+                                Some(n) => ShardCount::Differs(n),
+                                None => ShardCount::Unknown,
+                            },
+                            Ok(None) | Err(_) => ShardCount::Unknown,
+                        }
+                    }
+                    // The KCP failed: next round.
                     Err(_) => ShardCount::Unknown,
                 }
             }
