@@ -131,9 +131,7 @@ async fn deleting_every_release_meta_is_held_until_they_come_back() {
     .await;
 
     // kubectl delete mrm --all
-    for m in modules {
-        s.delete_catalog(MRM, m).await.expect("delete mrm");
-    }
+    s.delete_catalog_collection(MRM, "").await.expect("delete every mrm");
     await_gauge(&s, HELD, &[], 1.0).await;
     assert_throughout(HOLD_OBSERVED, "every copy in both SKRs during the hold", || skrs_hold(&s, &modules)).await;
     assert_eq!(s.metric(HELD, &[]).await, 1.0, "still held");
@@ -162,9 +160,7 @@ async fn deleting_every_release_meta_is_held_until_they_come_back() {
 async fn a_confirmed_shrink_is_published_and_the_confirmation_spent() {
     let modules = ["api-gateway", "btp-operator", "keda", "serverless"];
     let s = synced("guard-confirm", &modules).await;
-    for m in &modules[1..] {
-        s.delete_catalog(MRM, m).await.expect("delete mrm");
-    }
+    s.delete_catalog_collection(MRM, &format!("metadata.name!={}", modules[0])).await.expect("delete three mrms");
     await_gauge(&s, HELD, &[], 1.0).await;
 
     // A confirmation of other counts (an old one, or a typo) approves nothing.

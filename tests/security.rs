@@ -135,7 +135,12 @@ async fn refused_kubeconfigs_reach_nothing_and_fail_alone() {
             kubeconfig(&outside.url(), outside.ca_pem(), "    token: fine"),
             "clusters[0].cluster.server is a loopback address, which --skr-allowed-destinations does not allow",
         ),
-        ("kcp", kubeconfig(&env.kcp.url(), &ca, "    token: fine"), "clusters[0].cluster.server is the KCP apiserver"),
+        (
+            // The KCP's own CA, so a connection would reach its audit log.
+            "kcp",
+            kubeconfig(&env.kcp.url(), env.kcp.ca_pem(), "    token: fine"),
+            "clusters[0].cluster.server is the KCP apiserver",
+        ),
     ];
     s.apply_catalog(&catalog()).await.expect("catalog");
     s.add_kyma("healthy", &env.skr_a, &[]).await.expect("healthy kyma");

@@ -209,10 +209,10 @@ impl Coordinator {
     }
 
     /// One coordination pass over the cached Leases.
-    async fn pass(&self, all: &[Arc<Lease>], term: &mut Observed) {
+    async fn pass(&self, all: &[Arc<Lease>], observed: &mut Observed) {
         let now = Timestamp::now();
         let clock = Instant::now();
-        let live = term.liveness.live(clock);
+        let live = observed.liveness.live(clock);
         self.metrics.live_members.set(live.len() as i64);
         let shard_leases = shard_leases(all, self.view.shards());
         for shard in (0..self.view.shards()).filter(|s| !shard_leases.contains_key(s)) {
@@ -236,17 +236,17 @@ impl Coordinator {
             })
             .collect();
         let target = assign(self.view.shards(), &live, &current);
-        let settled = term.is_settled(clock);
+        let settled = observed.is_settled(clock);
         for (shard, l) in &shard_leases {
             let st = lease::state(l);
             let want = target.get(shard).cloned().unwrap_or_default();
             // Until settled after a lapse, only shards nobody holds are assigned; a recreated
             // shard Lease waits until its old holder's requests have ended. No holder counts
             // as dead before it was observed for a lease duration (see `Liveness`).
-            let reassign = st.desired != want && (settled || st.holder.is_empty()) && !term.is_cooling(*shard);
+            let reassign = st.desired != want && (settled || st.holder.is_empty()) && !observed.is_cooling(*shard);
             let force = settled
-                && may_force_release(&st.holder, term.liveness.is_alive(&st.holder, clock))
-                && self.confirmed_dead(&st.holder, &mut term.liveness).await;
+                && may_force_release(&st.holder, observed.liveness.is_alive(&st.holder, clock))
+                && self.confirmed_dead(&st.holder, &mut observed.liveness).await;
             if !reassign && !force {
                 continue;
             }
@@ -268,7 +268,7 @@ impl Coordinator {
                 Err(error) => warn!(shard, error = &error as &dyn std::error::Error, "Failed to update shard Lease"),
             }
         }
-        self.record_unowned(&shard_leases, &live, &mut term.unowned_since);
+        self.record_unowned(&shard_leases, &live, &mut observed.unowned_since);
     }
 
     /// Re-reads a holder's member Lease before its shards are taken (the cache may lag):

@@ -151,7 +151,8 @@ impl AccessSecrets {
 #[derive(Clone)]
 pub struct SkrAccess {
     secret: String,
-    kubeconfig: SkrKubeconfig,
+    /// Where the server is; the credentials live in `config` only.
+    server: Server,
     config: kube::Config,
     settings: AccessSettings,
     /// Built at the first sync that could build it.
@@ -175,7 +176,8 @@ impl SkrAccess {
             .ok_or_else(|| invalid(KubeconfigProblem::MissingKey))?;
         let kubeconfig = kubeconfig::parse(&bytes.0, settings.insecure_tls).map_err(invalid)?;
         let config = client_config(&kubeconfig, settings);
-        Ok(Self { secret: name, kubeconfig, config, settings: settings.clone(), tls: std::sync::OnceLock::new() })
+        let server = Server { host: kubeconfig.host, port: kubeconfig.port, field: kubeconfig.server_field };
+        Ok(Self { secret: name, server, config, settings: settings.clone(), tls: std::sync::OnceLock::new() })
     }
 
     /// The addresses of the SKR's server that `--skr-allowed-destinations` allows: an IP
@@ -186,7 +188,7 @@ impl SkrAccess {
     /// [`Error::AccessSecretInvalid`] when any address is not allowed,
     /// [`Error::ResolveSkr`] when the name does not resolve.
     pub async fn addresses(&self) -> Result<Vec<SocketAddr>> {
-        let kc = &self.kubeconfig;
+        let kc = &self.server;
         let (addrs, trusted, is_or_resolves) = match &kc.host {
             ServerHost::Ip(ip) => (vec![SocketAddr::new(*ip, kc.port)], false, "is"),
             ServerHost::Name(name) => {
@@ -210,7 +212,7 @@ impl SkrAccess {
             if let Err(refusal) = self.settings.destinations.check(*addr, trusted) {
                 return Err(Error::AccessSecretInvalid {
                     name: self.secret.clone(),
-                    problem: KubeconfigProblem::Destination { field: kc.server_field.clone(), is_or_resolves, refusal },
+                    problem: KubeconfigProblem::Destination { field: kc.field.clone(), is_or_resolves, refusal },
                 });
             }
         }
@@ -236,6 +238,15 @@ impl SkrAccess {
         let client = build_client(&self.config, tls, addrs, &self.settings).map_err(|_| invalid())?;
         Ok(SkrClient::new(client, self.settings.max_response))
     }
+}
+
+/// The host and port of an SKR server, and the path of the kubeconfig field that named it
+/// (for messages).
+#[derive(Debug, Clone)]
+struct Server {
+    host: ServerHost,
+    port: u16,
+    field: String,
 }
 
 /// kube's client configuration from an accepted kubeconfig: only the fields the allowlist

@@ -36,11 +36,23 @@ pub struct ResponseTooLarge {
     pub limit: usize,
 }
 
+/// An SKR that lists more objects of a kind than any catalog has (a list that never ends);
+/// the sync fails with this as its [`kube::Error::Service`] source, as too large.
+#[derive(Debug, thiserror::Error)]
+#[error("the SKR listed more than {limit} objects of one kind")]
+pub struct TooManyObjects {
+    /// The most objects accepted.
+    pub limit: usize,
+}
+
 /// Whether `err` is, or is caused by, an answer over the size limit.
 pub fn is_too_large(err: &kube::Error) -> bool {
     match err {
         kube::Error::Service(e) => {
-            e.is::<ResponseTooLarge>() || e.is::<http_body_util::LengthLimitError>() || is_cause_too_large(&**e)
+            e.is::<ResponseTooLarge>()
+                || e.is::<TooManyObjects>()
+                || e.is::<http_body_util::LengthLimitError>()
+                || is_cause_too_large(&**e)
         }
         _ => false,
     }
@@ -78,11 +90,6 @@ impl SkrClient {
     /// fleet harness's lifecycle-manager baseline does, as lifecycle-manager does).
     pub fn kube(&self) -> &Client {
         &self.client
-    }
-
-    /// The largest answer accepted, in bytes.
-    pub fn max_response(&self) -> usize {
-        self.max_response
     }
 
     /// Sends `request` and parses the answer as JSON.

@@ -30,7 +30,7 @@ use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Orphan, P
 use crate::error::{Error, Result};
 use crate::metrics::SkrClientMetrics;
 use crate::skr::SkrState;
-use crate::skr::request::{ResponseTooLarge, SkrClient, bounded_serde_error};
+use crate::skr::request::{SkrClient, TooManyObjects, bounded_serde_error};
 
 /// Copies per page of a full list: 50 ModuleTemplates of up to 160 KB each fit the default
 /// `--skr-max-response-size` (8 MiB); real ones are 3-50 KB.
@@ -392,8 +392,7 @@ impl SkrTarget<'_> {
             };
             listed.extend(page.items);
             if listed.len() > MAX_LISTED {
-                let limit = self.client.max_response();
-                return Err(wrap(kube::Error::Service(Box::new(ResponseTooLarge { limit }))));
+                return Err(wrap(kube::Error::Service(Box::new(TooManyObjects { limit: MAX_LISTED }))));
             }
             match page.next.filter(|t| !t.is_empty()) {
                 Some(next) => token = Some(next),

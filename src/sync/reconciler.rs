@@ -421,10 +421,9 @@ async fn publish_event(kyma: &Kyma, wanted: &Wanted, ctx: &Context) {
         secondary: None,
     };
     let regarding = kyma.object_ref(&());
-    match tokio::time::timeout(ctx.settings.kcp_request_timeout, ctx.recorder.publish(&event, &regarding)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => warn!(error = &error as &dyn std::error::Error, "Failed to publish event"),
-        Err(_) => warn!("Failed to publish event: the KCP did not answer in time"),
+    let publish = crate::kcp::bounded(ctx.settings.kcp_request_timeout, ctx.recorder.publish(&event, &regarding));
+    if let Err(error) = publish.await {
+        warn!(error = &error as &dyn std::error::Error, "Failed to publish event");
     }
 }
 

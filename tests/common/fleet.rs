@@ -229,10 +229,14 @@ impl Fleet {
             &http_addr,
             "--identity",
             identity,
-            "--skr-allowed-destinations",
-            super::SKR_DESTINATIONS,
         ];
         args.extend(self.base_args.iter().map(String::as_str));
+        // The test SKRs listen on loopback, which the default (`public`) refuses; a test may
+        // give its own list instead (the flag appends, so both would widen it).
+        let all_args = self.base_args.iter().map(String::as_str).chain(extra_args.iter().copied());
+        if !all_args.clone().any(|a| a.starts_with("--skr-allowed-destinations")) {
+            args.extend_from_slice(&["--skr-allowed-destinations", super::SKR_DESTINATIONS]);
+        }
         args.extend_from_slice(extra_args);
         let process =
             Catalogsync::spawn_bin(&catalogsync_bin(), &args, envs, &kubeconfig, Some(self.scenario.dir.path()))

@@ -286,11 +286,6 @@ impl HostileSkr {
         &self.ca_pem
     }
 
-    /// What it answers.
-    pub fn behaviour(&self) -> Behaviour {
-        self.shared.behaviour
-    }
-
     /// A kubeconfig for this server: one cluster (`server` [`HostileSkr::url`],
     /// `certificate-authority-data` the CA), one user with bearer `token`, one context, and
     /// `current-context` set to it. Same shape as

@@ -694,7 +694,9 @@ fn describe_write(shard: u32, w: &SkrWrite, writer: &str) -> String {
 
 /// The pairs among the writes of one SKR user, by different replicas, whose intervals
 /// `[received, completed]` overlap (intervals that only touch do not). One violation per pair.
-fn overlapping_writers(writes: &mut [(u32, &SkrWrite, &String)]) -> Vec<String> {
+/// Pairs of writes (as one SKR user; shard, write, replica) by different replicas whose
+/// intervals overlap, described; writes that only touch do not overlap.
+pub fn overlapping_writers(writes: &mut [(u32, &SkrWrite, &String)]) -> Vec<String> {
     writes.sort_by_key(|(_, w, _)| (w.time, w.completed));
     let mut found = Vec::new();
     // Earlier writes that may still overlap a later one: those completed after its receipt.

@@ -227,6 +227,15 @@ impl Scenario {
         Ok(())
     }
 
+    /// Deletes the catalog objects of a kind whose fields match `field_selector` (empty: all)
+    /// in one request, as `kubectl delete --all` does: the deletions reach the watches as
+    /// one burst.
+    pub async fn delete_catalog_collection(&self, plural: &str, field_selector: &str) -> Result<()> {
+        let lp = ListParams::default().fields(field_selector);
+        self.catalog_api(plural).delete_collection(&DeleteParams::default(), &lp).await?;
+        Ok(())
+    }
+
     /// The KCP API of a catalog kind in this scenario's namespace.
     pub fn catalog_api(&self, plural: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.kcp.clone(), &self.ns, &catalog_resource(plural))
@@ -312,7 +321,7 @@ impl Scenario {
         ];
         // The test SKRs listen on loopback, which the default (`public`) refuses; a test may
         // give its own list instead.
-        if !extra.contains(&"--skr-allowed-destinations") {
+        if !extra.iter().any(|a| a.starts_with("--skr-allowed-destinations")) {
             args.extend_from_slice(&["--skr-allowed-destinations", super::SKR_DESTINATIONS]);
         }
         args.extend_from_slice(extra);
