@@ -7,8 +7,6 @@
 // `criterion_group!` generates an undocumented public function, and bench setup may fail loudly.
 #![allow(missing_docs, clippy::expect_used)]
 
-mod support;
-
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -17,7 +15,7 @@ use catalogsync::catalog::{
 };
 use criterion::{Criterion, criterion_group, criterion_main};
 
-use support::{SYNC_NAMESPACE, catalog, cold_skr, kyma_labels, restricted_modules, warm_skr};
+use testenv::fixtures::fleet::{SYNC_NAMESPACE, catalog, cold_skr, kyma_labels, restricted_modules, warm_skr};
 
 fn bench_desired_set(c: &mut Criterion) {
     let (mts, mrms) = catalog();

@@ -19,13 +19,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 eval "$(hack/k8s-bins.sh etcd kube-apiserver)"
 profile="${FLEET_PROFILE:-release}"
 if [[ "$profile" == release ]]; then
-  cargo build --locked --release --bin catalogsync --example fleet
+  cargo build --locked --release --bin catalogsync --bin fleet
 else
-  cargo build --locked --bin catalogsync --example fleet
+  cargo build --locked --bin catalogsync --bin fleet
 fi
 # Keep every log (the harness directory is wiped at the next run instead).
 export CATALOGSYNC_KEEP_TEST_DIRS=1
 # One TLS connection per simulated SKR, in the simulator and in the replicas.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 dir="${CARGO_TARGET_DIR:-target}/$([[ "$profile" == release ]] && echo release || echo debug)"
-exec "$dir/examples/fleet" "$@"
+exec "$dir/fleet" "$@"

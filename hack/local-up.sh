@@ -11,5 +11,5 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 eval "$(hack/k8s-bins.sh etcd kube-apiserver)"
-cargo build --locked --bin catalogsync --example local-up
-exec "${CARGO_TARGET_DIR:-target}/debug/examples/local-up" "$@"
+cargo build --locked --bin catalogsync --bin local-up
+exec "${CARGO_TARGET_DIR:-target}/debug/local-up" "$@"

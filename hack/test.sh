@@ -105,11 +105,11 @@ eval "$kustomize"
 printf 'KUSTOMIZE=%s\n' "$KUSTOMIZE"
 
 step "cargo fmt" cargo fmt --all -- --check
-step "cargo clippy" cargo clippy --locked --all-targets -- -D warnings
+step "cargo clippy" cargo clippy --locked --workspace --all-targets -- -D warnings
 
 run_tests() {
   # --no-fail-fast: a failing test binary must not hide the results of the others.
-  cargo test --locked --no-fail-fast 2>&1 | tee "$test_log"
+  cargo test --locked --workspace --no-fail-fast 2>&1 | tee "$test_log"
 }
 step "cargo test" run_tests
 # Sum the `test result: ok. X passed; Y failed; ...` lines of every test binary.
@@ -121,7 +121,7 @@ if ((failed > 0)) && [[ " ${failed_steps[*]} " != *" cargo test "* ]]; then
   failed_steps+=("cargo test")
 fi
 
-step "cargo doc" env RUSTDOCFLAGS=-Dwarnings cargo doc --locked --no-deps
+step "cargo doc" env RUSTDOCFLAGS=-Dwarnings cargo doc --locked --workspace --no-deps
 
 # The fleet harness's smoke scenario (docs/performance.md): 50 simulated SKRs, two replicas and
 # the baseline, end to end, so the harness does not rot. Counted as one test.

@@ -17,7 +17,7 @@ pub mod app;
 pub mod catalog;
 pub mod config;
 pub mod error;
-#[cfg(test)]
+#[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 pub mod health;
 pub mod http;

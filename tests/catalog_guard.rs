@@ -3,8 +3,6 @@
 //! confirms the shrink on the coordinator Lease; a small shrink goes through at once; a
 //! replica that starts during a hold holds too.
 
-mod common;
-
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -12,7 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use common::scenario::{MRM, MT, Scenario, mrm, mt};
+use testenv::scenario::{MRM, MT, Scenario, mrm, mt};
 
 /// Catalog changes must arrive well within this.
 const PROMPT: Duration = Duration::from_secs(15);
@@ -47,13 +45,13 @@ where
     let deadline = Instant::now() + duration;
     while Instant::now() < deadline {
         assert!(check().await, "{description} stopped holding before {}s", duration.as_secs_f64());
-        tokio::time::sleep(common::wait::POLL_INTERVAL).await;
+        tokio::time::sleep(testenv::wait::POLL_INTERVAL).await;
     }
 }
 
 /// Whether both SKRs hold exactly the copies of `modules`.
 async fn skrs_hold(s: &Scenario, modules: &[&str]) -> bool {
-    let env = common::env();
+    let env = testenv::env();
     let (mts, mrms): (Vec<String>, Vec<String>) =
         (mt_names(modules), modules.iter().map(|m| (*m).to_owned()).collect());
     for skr in [&env.skr_a, &env.skr_b] {
@@ -68,7 +66,7 @@ async fn skrs_hold(s: &Scenario, modules: &[&str]) -> bool {
 
 /// Waits until both SKRs hold exactly the copies of `modules`.
 async fn await_skrs(s: &Scenario, modules: &[&str]) {
-    let env = common::env();
+    let env = testenv::env();
     let mts = mt_names(modules);
     for skr in [&env.skr_a, &env.skr_b] {
         s.await_skr_names(skr, MT, &strs(&mts), PROMPT).await;
@@ -78,7 +76,7 @@ async fn await_skrs(s: &Scenario, modules: &[&str]) {
 
 /// A scenario with `modules` in the KCP, synced to two SKRs (one Kyma each).
 async fn synced(prefix: &str, modules: &[&str]) -> Scenario {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new(prefix).await.expect("scenario");
     s.apply_catalog(&catalog(modules)).await.expect("catalog");
     s.add_kyma("a", &env.skr_a, &[]).await.expect("kyma");
@@ -89,7 +87,7 @@ async fn synced(prefix: &str, modules: &[&str]) -> Scenario {
 }
 
 async fn await_gauge(s: &Scenario, name: &str, labels: &[&str], value: f64) {
-    common::await_condition(PROMPT, &format!("{name}{labels:?} to be {value}"), || async {
+    testenv::await_condition(PROMPT, &format!("{name}{labels:?} to be {value}"), || async {
         s.metric(name, labels).await == value
     })
     .await;
@@ -125,7 +123,7 @@ async fn deleting_every_release_meta_is_held_until_they_come_back() {
     let modules = ["api-gateway", "btp-operator", "keda", "serverless"];
     let s = synced("guard-hold", &modules).await;
     // Every replica records what it published, for replicas that start later.
-    common::await_condition(PROMPT, "the published catalog recorded on the coordinator Lease", || async {
+    testenv::await_condition(PROMPT, "the published catalog recorded on the coordinator Lease", || async {
         lease_annotation(&s, RECORD).await.as_deref() == Some("mrm=4,mt=4")
     })
     .await;
@@ -165,7 +163,7 @@ async fn a_confirmed_shrink_is_published_and_the_confirmation_spent() {
 
     // A confirmation of other counts (an old one, or a typo) approves nothing.
     confirm(&s, "mrm=2,mt=2").await;
-    common::await_condition(PROMPT, "the WARN about a confirmation of other counts", || async {
+    testenv::await_condition(PROMPT, "the WARN about a confirmation of other counts", || async {
         log_has(&s, &["Ignoring a shrink confirmation", "mrm=2,mt=2"])
     })
     .await;
@@ -177,7 +175,7 @@ async fn a_confirmed_shrink_is_published_and_the_confirmation_spent() {
     await_skrs(&s, &modules[..1]).await;
     await_gauge(&s, HELD, &[], 0.0).await;
     assert!(log_has(&s, &["Publishing a catalog shrink a human confirmed", "mrm=1,mt=1"]), "{}", s.log());
-    common::await_condition(PROMPT, "the shrunk catalog recorded", || async {
+    testenv::await_condition(PROMPT, "the shrunk catalog recorded", || async {
         lease_annotation(&s, RECORD).await.as_deref() == Some("mrm=1,mt=1")
     })
     .await;
@@ -186,7 +184,7 @@ async fn a_confirmed_shrink_is_published_and_the_confirmation_spent() {
     // shrink to one module again.
     s.apply_catalog(&catalog(&modules[..2])).await.expect("add a module");
     await_skrs(&s, &modules[..2]).await;
-    common::await_condition(PROMPT, "the spent confirmation removed from the Lease", || async {
+    testenv::await_condition(PROMPT, "the spent confirmation removed from the Lease", || async {
         lease_annotation(&s, CONFIRM).await.is_none()
             && lease_annotation(&s, RECORD).await.as_deref() == Some("mrm=2,mt=2")
     })
@@ -219,7 +217,7 @@ async fn a_small_shrink_is_published_at_once() {
 async fn a_replica_started_during_a_hold_holds_too() {
     let modules = ["api-gateway", "btp-operator", "keda"];
     let mut s = synced("guard-restart", &modules).await;
-    common::await_condition(PROMPT, "the published catalog recorded", || async {
+    testenv::await_condition(PROMPT, "the published catalog recorded", || async {
         lease_annotation(&s, RECORD).await.as_deref() == Some("mrm=3,mt=3")
     })
     .await;
@@ -246,7 +244,7 @@ async fn a_replica_started_during_a_hold_holds_too() {
 
 #[tokio::test]
 async fn a_first_start_on_an_empty_catalog_waits_for_one() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("guard-empty").await.expect("scenario");
     s.add_kyma("a", &env.skr_a, &[]).await.expect("kyma");
     s.start(&[]).expect("start");

@@ -2,8 +2,6 @@
 //! keep the fields of real ModuleTemplates that our types do not model.
 #![allow(clippy::panic)] // Test helpers report failures by panicking.
 
-use std::path::PathBuf;
-
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{CustomResourceDefinition, JSONSchemaProps};
 
 /// The committed CRDs, relative to the repository root.
@@ -32,7 +30,7 @@ fn first_difference(a: &str, b: &str) -> Option<(usize, String, String)> {
 
 #[test]
 fn committed_crds_match_the_generated_ones() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(CRDS_FILE);
+    let path = testenv::repo_root().join(CRDS_FILE);
     let committed = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("failed to read {CRDS_FILE}: {e}; generate it with `{REGENERATE}`"));
     let generated = generated_yaml();

@@ -14,8 +14,6 @@
 //!   runbook link points at a section of `docs/operations.md`.
 #![allow(clippy::panic)] // Test helpers report failures by panicking.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::process::Command;
@@ -30,9 +28,9 @@ use kube::core::GroupVersionKind;
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use serde_json::Value;
 
-use common::docs::{documented_metrics, metric_names, read};
-use common::kustomize::{kind_of, kustomize_build as render, monitoring_metrics, name_of, the};
-use common::{create_namespace, env, install_crds_yaml, parse_yaml_docs, wait_until};
+use testenv::docs::{documented_metrics, metric_names, read};
+use testenv::kustomize::{kind_of, kustomize_build as render, monitoring_metrics, name_of, the};
+use testenv::{create_namespace, env, install_crds_yaml, parse_yaml_docs, wait_until};
 
 /// Field manager of the dry-run applies.
 const FIELD_MANAGER: &str = "deploy-test";
@@ -89,7 +87,7 @@ async fn dry_run_apply(client: &Client, docs: &[Value]) -> Result<()> {
 
 /// Installs the stand-in Prometheus Operator CRDs (tests/fixtures/monitoring-crds.yaml: any
 /// object of the kinds is accepted) so that deploy/monitoring can be dry-run applied.
-async fn install_monitoring_crds(env: &common::TestEnv) -> Result<()> {
+async fn install_monitoring_crds(env: &testenv::TestEnv) -> Result<()> {
     install_crds_yaml(&env.kcp, &read("tests/fixtures/monitoring-crds.yaml")).await?;
     Ok(())
 }
@@ -135,7 +133,7 @@ fn base_includes_exactly_the_rbac_of_deploy_rbac() {
         )
     };
     let mut from_files = BTreeSet::new();
-    for file in common::apply::yaml_files(&common::rbac_dir()).expect("read deploy/rbac") {
+    for file in testenv::apply::yaml_files(&testenv::rbac_dir()).expect("read deploy/rbac") {
         let text = std::fs::read_to_string(&file).expect("read an RBAC file");
         from_files.extend(parse_yaml_docs(&text).expect("RBAC YAML parses").iter().map(identity));
     }

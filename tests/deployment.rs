@@ -1,7 +1,7 @@
 //! `deploy/` running for real: the rendered `deploy/overlays/hpa` (ServiceAccount, RBAC,
 //! Deployment, PodDisruptionBudget, Service, HPA) is applied to the test KCP as it is, and
 //! kube-controller-manager's Deployment, ReplicaSet, HPA and disruption controllers act on it
-//! while a node agent (`common::kubelet`) runs the pods they create as catalogsync processes,
+//! while a node agent (`testenv::kubelet`) runs the pods they create as catalogsync processes,
 //! with the pods' own environment, ServiceAccount token, probes and grace period.
 //!
 //! One test walks the life of an installation: the HPA scales the Deployment from its
@@ -12,26 +12,24 @@
 //! no SKR ever has two writers (audit logs).
 #![allow(clippy::panic)] // Test helpers report failures by panicking.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use catalogsync::sharding::ring::shard_of;
 use catalogsync::sharding::table::{self, Table};
-use common::controllers::ControllerManager;
-use common::docs::{documented_metrics, exposed_metrics};
-use common::fleet::Fleet;
-use common::invariants::{InvariantOptions, check_invariants};
-use common::kubelet::NodeAgent;
-use common::kustomize::{kind_of, kustomize_build, monitoring_metrics, name_of, the};
-use common::scenario::{MT, Scenario, mrm, mt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams};
 use serde_json::json;
+use testenv::controllers::ControllerManager;
+use testenv::docs::{documented_metrics, exposed_metrics};
+use testenv::fleet::Fleet;
+use testenv::invariants::{InvariantOptions, check_invariants};
+use testenv::kubelet::NodeAgent;
+use testenv::kustomize::{kind_of, kustomize_build, monitoring_metrics, name_of, the};
+use testenv::scenario::{MT, Scenario, mrm, mt};
 
 /// The KCP namespace `deploy/rbac/role.yaml` grants access to (the controller's default).
 const KCP_NAMESPACE: &str = "kcp-system";
@@ -69,7 +67,7 @@ impl Install {
         let what = format!("{n} ready catalogsync pods (not {excluding:?})");
         let pods = self.pods();
         let agent = &self.agent;
-        let found = common::wait_until(ROLLOUT, &what, || async {
+        let found = testenv::wait_until(ROLLOUT, &what, || async {
             let list = pods.list(&ListParams::default()).await.ok()?.items;
             let names: BTreeSet<String> = list.iter().filter_map(|p| p.metadata.name.clone()).collect();
             let deleting = list.iter().any(|p| p.metadata.deletion_timestamp.is_some());
@@ -103,7 +101,7 @@ impl Install {
     async fn await_converged(&self, pods: &BTreeSet<String>) -> Table {
         let kcp = &self.fleet.scenario.kcp;
         let cap = SHARDS.div_ceil(u32::try_from(pods.len()).expect("few pods")) as usize;
-        common::await_condition(PROMPT, &format!("all {SHARDS} shards held by {pods:?}"), || async {
+        testenv::await_condition(PROMPT, &format!("all {SHARDS} shards held by {pods:?}"), || async {
             let t = table::read(kcp, NAMESPACE, KCP_NAMESPACE).await.ok()?;
             let ok = t.rows.len() == SHARDS as usize
                 && t.rows.iter().all(|r| r.state == "held" && pods.contains(&r.holder))
@@ -125,9 +123,9 @@ impl Install {
     }
 
     async fn await_everywhere(&self, name: &str) {
-        let env = common::env();
+        let env = testenv::env();
         for skr in [&env.skr_a, &env.skr_b] {
-            common::await_condition(PROMPT, &format!("{name} in {}", skr.name()), || async {
+            testenv::await_condition(PROMPT, &format!("{name} in {}", skr.name()), || async {
                 self.fleet.scenario.skr_names(skr, MT).await.contains(name)
             })
             .await;
@@ -141,7 +139,7 @@ impl Install {
 
     async fn metric(&self, pod: &str, name: &str, labels: &[&str]) -> f64 {
         match self.agent.http_get(pod, "/metrics").await {
-            Ok((200, body)) => common::fleet::metric_sum(&body, name, labels),
+            Ok((200, body)) => testenv::fleet::metric_sum(&body, name, labels),
             _ => 0.0,
         }
     }
@@ -161,7 +159,7 @@ impl Install {
 /// Installs `deploy/crds` and `deploy/overlays/hpa`, starts kube-controller-manager and the
 /// node agent, and creates the Kymas and a catalog.
 async fn install() -> Install {
-    let env = common::env();
+    let env = testenv::env();
     let kcp = env.kcp.admin_client();
     let scenario = Scenario::in_namespace(KCP_NAMESPACE, SYNC_NAMESPACE).await.expect("scenario");
     let objects = kustomize_build("deploy/overlays/hpa");
@@ -175,9 +173,9 @@ async fn install() -> Install {
         the(&objects, "Deployment")["spec"].get("replicas").is_none(),
         "the HPA overlay leaves the replica count to the HPA"
     );
-    common::create_namespace(&kcp, NAMESPACE).await.expect("namespace");
+    testenv::create_namespace(&kcp, NAMESPACE).await.expect("namespace");
     let names: Vec<String> = objects.iter().map(|o| format!("{} {}", kind_of(o), name_of(o))).collect();
-    common::apply_docs(&kcp, objects).await.expect("apply deploy/overlays/hpa");
+    testenv::apply_docs(&kcp, objects).await.expect("apply deploy/overlays/hpa");
     eprintln!("applied deploy/overlays/hpa: {names:?}");
 
     let dir = scenario.dir.path().to_path_buf();
@@ -205,7 +203,7 @@ async fn assert_live_metrics_match_the_docs(install: &Install, pods: &BTreeSet<S
         }
     }
     let served: BTreeMap<String, BTreeSet<String>> =
-        served.into_iter().filter(|(name, _)| name.starts_with(common::docs::METRIC_PREFIX)).collect();
+        served.into_iter().filter(|(name, _)| name.starts_with(testenv::docs::METRIC_PREFIX)).collect();
     let documented = documented_metrics();
     let mut problems = Vec::new();
     for (name, row) in &documented {
@@ -241,7 +239,7 @@ async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer(
     // The Deployment has no replica count; the HPA raises the default 1 to minReplicas 3.
     let three = install.await_ready_pods(3, &none).await;
     let hpas = install.hpa();
-    common::await_condition(PROMPT, "the HPA to report 3 current replicas", || async {
+    testenv::await_condition(PROMPT, "the HPA to report 3 current replicas", || async {
         hpas.get("catalogsync").await.ok()?.status?.current_replicas.filter(|&n| n == 3)
     })
     .await;
@@ -296,7 +294,7 @@ async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer(
 
     // The PodDisruptionBudget (maxUnavailable 1) allows one eviction at a time.
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(install.fleet.scenario.kcp.clone(), NAMESPACE);
-    common::await_condition(PROMPT, "the PDB to allow one disruption of 3 healthy pods", || async {
+    testenv::await_condition(PROMPT, "the PDB to allow one disruption of 3 healthy pods", || async {
         let status = pdbs.get("catalogsync").await.ok()?.status?;
         (status.current_healthy == 3 && status.disruptions_allowed == 1).then_some(())
     })
@@ -304,7 +302,7 @@ async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer(
     let mut victims = rolled.iter();
     let (first, second) = (victims.next().expect("a pod"), victims.next().expect("a second pod"));
     // A client that does not retry 429 (kube's default client does, until the budget allows).
-    let mut config = common::env().kcp.admin_config();
+    let mut config = testenv::env().kcp.admin_config();
     config.default_retry = false;
     let pods: Api<Pod> = Api::namespaced(kube::Client::try_from(config).expect("client"), NAMESPACE);
     pods.evict(first, &EvictParams::default()).await.expect("the first eviction is allowed");

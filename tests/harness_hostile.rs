@@ -4,20 +4,18 @@
 //! server's own kubeconfig, as catalogsync builds them from an access Secret.
 #![allow(clippy::panic)] // Test helpers report failures by panicking.
 
-mod common;
-
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use common::hostile::{Behaviour, FORBIDDEN_MESSAGE, HostileSkr, MARKER, MAX_RECORDED_BODY};
-use common::process::rss_kib;
-use common::proxy::kubeconfig_via;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::client::Body;
+use testenv::hostile::{Behaviour, FORBIDDEN_MESSAGE, HostileSkr, MARKER, MAX_RECORDED_BODY};
+use testenv::process::rss_kib;
+use testenv::proxy::kubeconfig_via;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
@@ -40,7 +38,7 @@ fn start(last: u8, behaviour: Behaviour) -> HostileSkr {
 }
 
 async fn client(skr: &HostileSkr) -> Client {
-    common::client_from_kubeconfig_yaml(&skr.kubeconfig_with_token("t0ken"))
+    testenv::client_from_kubeconfig_yaml(&skr.kubeconfig_with_token("t0ken"))
         .await
         .expect("a client from its kubeconfig")
 }
@@ -93,7 +91,7 @@ async fn count_at_least(body: &mut Body, at_least: usize) -> usize {
 }
 
 async fn await_closed(skr: &HostileSkr, after: &str) {
-    common::await_condition(WAIT, &format!("the hostile SKR to close its connections after {after}"), || async {
+    testenv::await_condition(WAIT, &format!("the hostile SKR to close its connections after {after}"), || async {
         skr.open_connections() == 0
     })
     .await;
@@ -106,10 +104,10 @@ async fn record_answers_403_and_records_every_request_with_its_headers() {
     assert!(skr.url().starts_with("https://127.0.0.2:"), "{}", skr.url());
     let yaml = skr.kubeconfig_with_token("s3cret-token");
     assert!(yaml.contains(&format!("server: \"{}\"", skr.url())), "{yaml}");
-    assert!(yaml.contains(&common::pki::base64(skr.ca_pem().as_bytes())), "{yaml}");
+    assert!(yaml.contains(&testenv::pki::base64(skr.ca_pem().as_bytes())), "{yaml}");
     assert!(yaml.contains("token: \"s3cret-token\""), "{yaml}");
     // The kubeconfig's CA verifies the serving certificate for 127.0.0.2.
-    let client = common::client_from_kubeconfig_yaml(&yaml).await.expect("a client from the kubeconfig");
+    let client = testenv::client_from_kubeconfig_yaml(&yaml).await.expect("a client from the kubeconfig");
 
     let request = http::Request::get("/api/v1/namespaces?limit=5").body(Vec::new()).expect("a valid request");
     match tokio::time::timeout(WAIT, client.request_text(request)).await.expect("an answer") {
@@ -337,11 +335,11 @@ async fn connections_are_counted_even_when_tls_fails() {
     // A kubeconfig whose CA is not the server's: the client rejects the certificate.
     let other = start(9, Behaviour::Record);
     let yaml = kubeconfig_via(&other.kubeconfig_with_token("t"), skr.addr());
-    let client = common::client_from_kubeconfig_yaml(&yaml).await.expect("a client");
+    let client = testenv::client_from_kubeconfig_yaml(&yaml).await.expect("a client");
     let result = tokio::time::timeout(WAIT, client.apiserver_version()).await.expect("fails fast");
     assert!(result.is_err(), "{result:?}");
 
-    common::await_condition(WAIT, "3 connections to be counted", || async { skr.connections() == 3 }).await;
+    testenv::await_condition(WAIT, "3 connections to be counted", || async { skr.connections() == 3 }).await;
     await_closed(&skr, "three failed handshakes").await;
     assert_eq!((skr.handshakes(), skr.request_count()), (0, 0), "{skr:?}");
     assert_eq!(other.connections(), 0);
@@ -355,7 +353,7 @@ async fn dropping_the_server_closes_its_port_and_every_connection() {
     let mut body = get(&client, "/").await.into_body();
     read_at_least(&mut body, 1).await;
     let mut idle = TcpStream::connect(addr).await.expect("connect");
-    common::await_condition(WAIT, "an endless body and an idle handshake to be open", || async {
+    testenv::await_condition(WAIT, "an endless body and an idle handshake to be open", || async {
         skr.open_connections() == 2
     })
     .await;
@@ -367,7 +365,7 @@ async fn dropping_the_server_closes_its_port_and_every_connection() {
         .expect("drop does not panic");
     eprintln!("drop took {:?}", started.elapsed());
 
-    common::await_condition(WAIT, &format!("connecting to {addr} to fail"), || async {
+    testenv::await_condition(WAIT, &format!("connecting to {addr} to fail"), || async {
         TcpStream::connect(addr).await.is_err()
     })
     .await;

@@ -3,20 +3,19 @@
 //! `RequestResponse`), and the fleet of replicas. The checker's unit tests (synthetic audit
 //! lines) live in `common/invariants.rs` and run in this binary too.
 
-mod common;
-
+use catalogsync::api::shard_lease_name;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::fleet::Fleet;
-use common::invariants::{InvariantInput, InvariantOptions, check_invariants, read_lease_writes};
-use common::proxy::{ProxyMode, TcpProxy, kubeconfig_via, local};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
+use testenv::fleet::Fleet;
+use testenv::invariants::{InvariantInput, InvariantOptions, check_invariants, read_lease_writes};
+use testenv::proxy::{ProxyMode, TcpProxy, kubeconfig_via, local};
 
 /// How fast a request through a cut proxy must fail.
 const FAIL_FAST: Duration = Duration::from_secs(10);
@@ -27,12 +26,12 @@ async fn list_namespaces(client: &Client) -> kube::Result<usize> {
 
 #[tokio::test]
 async fn proxy_forwards_fails_fast_when_cut_and_heals() {
-    let env = common::env();
+    let env = testenv::env();
     let proxy = TcpProxy::start(local(env.kcp.port()));
     assert_eq!(proxy.mode(), ProxyMode::Forward);
     let yaml = kubeconfig_via(&env.kcp.kubeconfig_yaml("via-proxy", &["system:masters"]), proxy.addr());
     assert!(yaml.contains(&format!("server: \"{}\"", proxy.url())), "{yaml}");
-    let client = common::client_from_kubeconfig_yaml(&yaml).await.expect("a client through the proxy");
+    let client = testenv::client_from_kubeconfig_yaml(&yaml).await.expect("a client through the proxy");
 
     // TLS passes through: the apiserver's certificate for 127.0.0.1 verifies on the proxy's port.
     list_namespaces(&client).await.expect("list namespaces through the proxy");
@@ -47,7 +46,7 @@ async fn proxy_forwards_fails_fast_when_cut_and_heals() {
     for attempt in ["pooled connection", "fresh client"] {
         let client = match attempt {
             "pooled connection" => client.clone(),
-            _ => common::client_from_kubeconfig_yaml(&yaml).await.expect("a fresh client"),
+            _ => testenv::client_from_kubeconfig_yaml(&yaml).await.expect("a fresh client"),
         };
         let started = Instant::now();
         let result = tokio::time::timeout(Duration::from_secs(30), list_namespaces(&client)).await;
@@ -61,7 +60,7 @@ async fn proxy_forwards_fails_fast_when_cut_and_heals() {
     // Heal: requests work again (the same client reconnects).
     proxy.heal();
     assert!(!proxy.is_cut());
-    common::await_condition(Duration::from_secs(10), "a list through the healed proxy", || async {
+    testenv::await_condition(Duration::from_secs(10), "a list through the healed proxy", || async {
         list_namespaces(&client).await.is_ok()
     })
     .await;
@@ -69,26 +68,26 @@ async fn proxy_forwards_fails_fast_when_cut_and_heals() {
 
 #[tokio::test]
 async fn stalled_proxy_hangs_requests_until_healed() {
-    let env = common::env();
+    let env = testenv::env();
     let proxy = TcpProxy::start(local(env.kcp.port()));
     let yaml = kubeconfig_via(&env.kcp.kubeconfig_yaml("via-stalled-proxy", &["system:masters"]), proxy.addr());
-    let client = common::client_from_kubeconfig_yaml(&yaml).await.expect("a client through the proxy");
+    let client = testenv::client_from_kubeconfig_yaml(&yaml).await.expect("a client through the proxy");
     list_namespaces(&client).await.expect("list namespaces through the proxy");
 
     proxy.stall();
     assert!(proxy.is_cut());
     let hung = tokio::time::timeout(Duration::from_secs(2), list_namespaces(&client)).await;
     assert!(hung.is_err(), "a request through a stalled proxy should hang, got {hung:?}");
-    let fresh = common::client_from_kubeconfig_yaml(&yaml).await.expect("a fresh client");
+    let fresh = testenv::client_from_kubeconfig_yaml(&yaml).await.expect("a fresh client");
     let hung = tokio::time::timeout(Duration::from_secs(2), list_namespaces(&fresh)).await;
     assert!(hung.is_err(), "a new connection through a stalled proxy should hang, got {hung:?}");
 
     proxy.heal();
-    common::await_condition(Duration::from_secs(10), "a list through the healed proxy", || async {
+    testenv::await_condition(Duration::from_secs(10), "a list through the healed proxy", || async {
         list_namespaces(&client).await.is_ok()
     })
     .await;
-    common::await_condition(Duration::from_secs(5), "the stalled connections to be reset on heal", || async {
+    testenv::await_condition(Duration::from_secs(5), "the stalled connections to be reset on heal", || async {
         proxy.reset_connections() >= 2
     })
     .await;
@@ -110,7 +109,7 @@ fn kubeconfig_via_rewrites_only_server_urls() {
 }
 
 /// A client for `user` in `cp` (admin there) whose requests carry `user_agent`.
-async fn client_with_user_agent(cp: &common::ControlPlane, user: &str, user_agent: &str) -> Client {
+async fn client_with_user_agent(cp: &testenv::ControlPlane, user: &str, user_agent: &str) -> Client {
     let yaml = cp.kubeconfig_yaml(user, &["system:masters"]);
     let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).expect("a kubeconfig");
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
@@ -131,12 +130,12 @@ async fn write_config_map(client: &Client, ns: &str, name: &str) {
 
 #[tokio::test]
 async fn invariant_checker_reads_lease_history_and_skr_writes_from_real_audit_logs() {
-    let env = common::env();
+    let env = testenv::env();
     let kcp = env.kcp.admin_client();
-    let ns = common::unique_name("leases");
-    common::create_namespace(&kcp, &ns).await.expect("lease namespace");
-    let skr_ns = common::unique_name("writes");
-    common::create_namespace(&env.skr_a.admin_client(), &skr_ns).await.expect("SKR namespace");
+    let ns = testenv::unique_name("leases");
+    testenv::create_namespace(&kcp, &ns).await.expect("lease namespace");
+    let skr_ns = testenv::unique_name("writes");
+    testenv::create_namespace(&env.skr_a.admin_client(), &skr_ns).await.expect("SKR namespace");
     let user = format!("skr-writer-{ns}-kyma-000");
     let as_a = client_with_user_agent(&env.skr_a, &user, "catalogsync/0.1.0 (replica-a)").await;
     let as_b = client_with_user_agent(&env.skr_a, &user, "catalogsync/0.1.0 (replica-b)").await;
@@ -145,7 +144,7 @@ async fn invariant_checker_reads_lease_history_and_skr_writes_from_real_audit_lo
     // a holds shard 0 and writes; releases it; writes again (a violation); b takes it and writes.
     let lease = Lease {
         metadata: ObjectMeta {
-            name: Some("catalogsync-shard-0".to_owned()),
+            name: Some(shard_lease_name(0)),
             annotations: Some(BTreeMap::from([("catalogsync.test/desired".to_owned(), "replica-a".to_owned())])),
             ..ObjectMeta::default()
         },
@@ -159,17 +158,14 @@ async fn invariant_checker_reads_lease_history_and_skr_writes_from_real_audit_lo
     leases.create(&PostParams::default(), &lease).await.expect("create the shard Lease");
     write_config_map(&as_a, &skr_ns, "by-a-while-holder").await;
 
-    let mut released = leases.get("catalogsync-shard-0").await.expect("get the shard Lease");
+    let mut released = leases.get(&shard_lease_name(0)).await.expect("get the shard Lease");
     released.spec.get_or_insert_default().holder_identity = Some(String::new());
-    leases.replace("catalogsync-shard-0", &PostParams::default(), &released).await.expect("release (update)");
+    leases.replace(&shard_lease_name(0), &PostParams::default(), &released).await.expect("release (update)");
     write_config_map(&as_a, &skr_ns, "by-a-after-release").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let take = serde_json::json!({"spec": {"holderIdentity": "replica-b", "renewTime": MicroTime(Timestamp::now())}});
-    leases
-        .patch("catalogsync-shard-0", &PatchParams::default(), &Patch::Merge(&take))
-        .await
-        .expect("take over (patch)");
+    leases.patch(&shard_lease_name(0), &PatchParams::default(), &Patch::Merge(&take)).await.expect("take over (patch)");
     write_config_map(&as_b, &skr_ns, "by-b-while-holder").await;
 
     // The Lease bodies are in the audit log (blocking mode: before the responses arrived).
@@ -210,7 +206,7 @@ async fn invariant_checker_reads_lease_history_and_skr_writes_from_real_audit_lo
 
 #[tokio::test]
 async fn fleet_creates_kymas_and_runs_replicas_by_identity() {
-    let env = common::env();
+    let env = testenv::env();
     let mut fleet = Fleet::new("fleet", &[&env.skr_a, &env.skr_b], 3).await.expect("a fleet");
     assert_eq!(fleet.kyma_names(), ["kyma-000", "kyma-001", "kyma-002"]);
     let skrs: Vec<&str> = fleet.kymas.iter().map(|k| k.skr.as_str()).collect();
@@ -240,7 +236,7 @@ async fn fleet_creates_kymas_and_runs_replicas_by_identity() {
     fleet.await_http_ok("r0", "/healthz", Duration::from_secs(30)).await;
     fleet.await_http_ok("r1", "/healthz", Duration::from_secs(30)).await;
     let proxy = fleet.proxy("r1").expect("r1's proxy");
-    common::await_condition(Duration::from_secs(30), "r1 to reach the KCP through its proxy", || async {
+    testenv::await_condition(Duration::from_secs(30), "r1 to reach the KCP through its proxy", || async {
         proxy.accepted_connections() >= 1
     })
     .await;

@@ -1,8 +1,6 @@
 //! Smoke test of the test harness itself: the shared KCP and SKRs start, answer, are
 //! isolated from each other, audit every request, survive a restart and enforce RBAC.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -12,7 +10,7 @@ use kube::api::{Api, ListParams};
 #[tokio::test]
 async fn harness_starts_isolated_audited_restartable_control_planes() {
     let started = Instant::now();
-    let env = common::env();
+    let env = testenv::env();
     eprintln!(
         "env() returned after {:.1}s (start itself {:.1}s; apiservers ready after kcp {:.1}s, skr-a {:.1}s, skr-b {:.1}s)",
         started.elapsed().as_secs_f64(),
@@ -29,7 +27,7 @@ async fn harness_starts_isolated_audited_restartable_control_planes() {
     }
 
     // CRDs go into the KCP only; the control planes share etcd but not data.
-    let names = common::install_catalogsync_crds(&env.kcp).await.expect("install CRDs into the KCP");
+    let names = testenv::install_catalogsync_crds(&env.kcp).await.expect("install CRDs into the KCP");
     assert!(names.iter().any(|n| n == "moduletemplates.operator.kyma-project.io"), "installed {names:?}");
     for skr in [&env.skr_a, &env.skr_b] {
         let crds = Api::<CustomResourceDefinition>::all(skr.admin_client())
@@ -40,8 +38,8 @@ async fn harness_starts_isolated_audited_restartable_control_planes() {
     }
 
     // Every request is in the audit log, with its user, by the time the response arrives.
-    let ns = common::unique_name("smoke");
-    common::create_namespace(&env.kcp.admin_client(), &ns).await.expect("create a namespace");
+    let ns = testenv::unique_name("smoke");
+    testenv::create_namespace(&env.kcp.admin_client(), &ns).await.expect("create a namespace");
     let events = env.kcp.read_audit_events();
     let create = events
         .iter()
@@ -57,7 +55,7 @@ async fn harness_starts_isolated_audited_restartable_control_planes() {
     assert!(env.skr_b.admin_client().apiserver_version().await.is_err(), "skr-b answers while stopped");
     env.skr_b.restart().await.expect("restart skr-b");
     eprintln!("skr-b stop + restart took {:.1}s", restart_started.elapsed().as_secs_f64());
-    common::await_condition(Duration::from_secs(10), "skr-b to answer /version after restart", || async {
+    testenv::await_condition(Duration::from_secs(10), "skr-b to answer /version after restart", || async {
         env.skr_b.admin_client().apiserver_version().await.is_ok()
     })
     .await;
@@ -73,21 +71,21 @@ async fn harness_starts_isolated_audited_restartable_control_planes() {
 
     // Kubeconfig data fields are standard base64 (RFC 4648 test vectors).
     for (input, want) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")] {
-        assert_eq!(common::pki::base64(input.as_bytes()), want);
+        assert_eq!(testenv::pki::base64(input.as_bytes()), want);
     }
 
     // The catalogsync identity carries both ServiceAccount groups.
-    let path = common::catalogsync_kubeconfig(&env.kcp, env.dir());
+    let path = testenv::catalogsync_kubeconfig(&env.kcp, env.dir());
     let yaml = std::fs::read_to_string(&path).expect("read the catalogsync kubeconfig");
-    let sa = common::client_from_kubeconfig_yaml(&yaml).await.expect("catalogsync client");
+    let sa = testenv::client_from_kubeconfig_yaml(&yaml).await.expect("catalogsync client");
     let _ = Api::<Secret>::namespaced(sa, "default").list(&ListParams::default()).await;
     let sa_event = env
         .kcp
         .read_audit_events()
         .into_iter()
-        .rfind(|e| e.user.username == common::CATALOGSYNC_USER)
+        .rfind(|e| e.user.username == testenv::CATALOGSYNC_USER)
         .expect("an audit event of the catalogsync identity");
-    for group in common::CATALOGSYNC_GROUPS {
+    for group in testenv::CATALOGSYNC_GROUPS {
         assert!(sa_event.user.groups.iter().any(|g| g == group), "group {group} missing in {:?}", sa_event.user.groups);
     }
 }

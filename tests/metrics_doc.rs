@@ -16,8 +16,7 @@ use catalogsync::metrics::Metrics;
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::proto::MetricType;
 
-#[path = "common/docs.rs"]
-mod docs;
+use testenv::docs;
 
 use docs::{METRIC_PREFIX as PREFIX, METRICS_DOC as DOC, documented_metrics as documented, label_names, repo_path};
 
@@ -101,7 +100,7 @@ fn names_in_source() -> BTreeMap<String, PathBuf> {
             let rest = &text[at + 1..];
             let end = rest.find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
             if let Some(end) = end.filter(|&end| rest[end..].starts_with('"')) {
-                let relative = file.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap_or(&file).to_path_buf();
+                let relative = file.strip_prefix(testenv::repo_root()).unwrap_or(&file).to_path_buf();
                 names.entry(rest[..end].to_owned()).or_insert(relative);
             }
         }

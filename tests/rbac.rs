@@ -2,12 +2,10 @@
 //! through everything it does against the KCP (start, sync, a Secret problem and its repair,
 //! a catalog change, shutdown) and compare the requests in the KCP audit log with the rules.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::scenario::{Scenario, mrm, mt};
+use testenv::scenario::{Scenario, mrm, mt};
 
 const PROMPT: Duration = Duration::from_secs(30);
 
@@ -17,9 +15,9 @@ type Permission = (String, String, String);
 /// Every (group, resource, verb) the rules of `deploy/rbac/` grant.
 fn granted() -> BTreeSet<Permission> {
     let mut out = BTreeSet::new();
-    for file in common::apply::yaml_files(&common::rbac_dir()).expect("deploy/rbac") {
+    for file in testenv::apply::yaml_files(&testenv::rbac_dir()).expect("deploy/rbac") {
         let text = std::fs::read_to_string(&file).expect("read");
-        for doc in common::parse_yaml_docs(&text).expect("yaml") {
+        for doc in testenv::parse_yaml_docs(&text).expect("yaml") {
             if !matches!(doc["kind"].as_str(), Some("Role" | "ClusterRole")) {
                 continue;
             }
@@ -42,7 +40,7 @@ fn granted() -> BTreeSet<Permission> {
 
 #[tokio::test]
 async fn rbac_grants_exactly_what_catalogsync_uses() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("rbac").await.expect("scenario");
     s.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
     s.add_kyma("good", &env.skr_a, &[]).await.expect("kyma");
@@ -59,13 +57,13 @@ async fn rbac_grants_exactly_what_catalogsync_uses() {
     s.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])])
         .await
         .expect("change");
-    s.await_skr_names(&env.skr_a, common::scenario::MT, &["keda-1.0.0", "keda-1.1.0"], PROMPT).await;
+    s.await_skr_names(&env.skr_a, testenv::scenario::MT, &["keda-1.0.0", "keda-1.1.0"], PROMPT).await;
     let status = s.catalogsync.as_mut().expect("running").terminate(Duration::from_secs(30)).await.expect("stop");
     assert!(status.success(), "catalogsync exited with {status}");
 
     let used: BTreeSet<Permission> = env.kcp.read_audit_events()[mark..]
         .iter()
-        .filter(|e| e.user.username == common::CATALOGSYNC_USER && e.stage == "ResponseComplete")
+        .filter(|e| e.user.username == testenv::CATALOGSYNC_USER && e.stage == "ResponseComplete")
         .filter(|e| e.namespace().is_none_or(|ns| ns == s.ns))
         .filter_map(|e| {
             let obj = e.object_ref.as_ref()?;

@@ -10,15 +10,13 @@
 //! - no log line is longer than [`LOG_LINE_BOUND`] bytes;
 //! - a token of a Secret appears in no condition, Event, log line, metric or `/debug/shards`.
 
-mod common;
-
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use common::hostile::{Behaviour, HostileSkr};
-use common::pki::base64;
-use common::scenario::{MRM, MT, Scenario, mrm, mt};
 use serde_json::Value;
+use testenv::hostile::{Behaviour, HostileSkr};
+use testenv::pki::base64;
+use testenv::scenario::{MRM, MT, Scenario, mrm, mt};
 
 /// A failure must show in the condition well within this.
 const PROMPT: Duration = Duration::from_secs(20);
@@ -45,7 +43,7 @@ fn loopback(last: u8) -> IpAddr {
 /// Peak RSS of the scenario's catalogsync, in MiB.
 fn peak_rss_mib(s: &Scenario) -> u64 {
     let pid = s.catalogsync.as_ref().expect("catalogsync runs").pid();
-    let (_, hwm_kib) = common::process::rss_kib(pid).expect("read /proc status");
+    let (_, hwm_kib) = testenv::process::rss_kib(pid).expect("read /proc status");
     hwm_kib / 1024
 }
 
@@ -61,7 +59,7 @@ fn long_log_lines(s: &Scenario) -> Vec<String> {
 /// A kubeconfig for `server` (trusting `ca_pem`) whose user has `user_fields` (lines
 /// indented by four spaces).
 fn kubeconfig(server: &str, ca_pem: &str, user_fields: &str) -> String {
-    common::controlplane::render_kubeconfig("skr", server, ca_pem, "admin", user_fields)
+    testenv::controlplane::render_kubeconfig("skr", server, ca_pem, "admin", user_fields)
 }
 
 /// Every kubeconfig form that must be refused points at a server catalogsync is allowed to
@@ -71,7 +69,7 @@ fn kubeconfig(server: &str, ca_pem: &str, user_fields: &str) -> String {
 /// fails its own Kyma with `AccessSecretInvalid` naming the field; the healthy Kyma syncs.
 #[tokio::test]
 async fn refused_kubeconfigs_reach_nothing_and_fail_alone() {
-    let env = common::env();
+    let env = testenv::env();
     let target = HostileSkr::start(loopback(1), Behaviour::Record).expect("target");
     let outside = HostileSkr::start(loopback(2), Behaviour::Record).expect("outside target");
     let mut s = Scenario::new("sec-kubeconfig").await.expect("scenario");
@@ -194,7 +192,7 @@ async fn refused_kubeconfigs_reach_nothing_and_fail_alone() {
 #[tokio::test]
 async fn a_broken_kubeconfig_leaks_its_token_nowhere() {
     const TOKEN: &str = "leaky-token-c0ffee-5d1e";
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("sec-leak").await.expect("scenario");
     s.apply_catalog(&catalog()).await.expect("catalog");
     s.add_kyma("healthy", &env.skr_a, &[]).await.expect("healthy kyma");
@@ -241,7 +239,7 @@ async fn a_broken_kubeconfig_leaks_its_token_nowhere() {
 /// bounded, its log lines short; the healthy Kyma keeps syncing.
 #[tokio::test]
 async fn hostile_skrs_fail_alone_within_bounds() {
-    let env = common::env();
+    let env = testenv::env();
     let hostile: Vec<(&str, HostileSkr, &str)> = vec![
         (
             "huge-list",

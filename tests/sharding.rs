@@ -3,15 +3,13 @@
 //! identity and RBAC of `deploy/rbac/`. The invariant checker reads the SKR audit logs and
 //! the Lease history from the KCP audit log.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use catalogsync::sharding::ring::shard_of;
 use catalogsync::sharding::table::{self, Table};
-use common::fleet::{Fleet, holders};
-use common::invariants::{InvariantOptions, check_invariants};
-use common::scenario::{MT, mrm, mt};
+use testenv::fleet::{Fleet, holders};
+use testenv::invariants::{InvariantOptions, check_invariants};
+use testenv::scenario::{MT, mrm, mt};
 
 const SHARDS: u32 = 32;
 const KYMAS: usize = 40;
@@ -23,7 +21,7 @@ const PROMPT: Duration = Duration::from_secs(30);
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn fleet(prefix: &str) -> Fleet {
-    let env = common::env();
+    let env = testenv::env();
     let skr_c = skr_c();
     let mut f = Fleet::new(prefix, &[&env.skr_a, &env.skr_b, skr_c], KYMAS).await.expect("fleet");
     f.scenario.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
@@ -32,10 +30,10 @@ async fn fleet(prefix: &str) -> Fleet {
 }
 
 /// A third SKR control plane, shared by the tests of this file.
-fn skr_c() -> &'static common::ControlPlane {
-    static SKR_C: std::sync::OnceLock<common::ControlPlane> = std::sync::OnceLock::new();
+fn skr_c() -> &'static testenv::ControlPlane {
+    static SKR_C: std::sync::OnceLock<testenv::ControlPlane> = std::sync::OnceLock::new();
     SKR_C.get_or_init(|| {
-        common::block_on_own_thread(async { common::env().start_extra_skr("skr-c").await }).expect("skr-c")
+        testenv::block_on_own_thread(async { testenv::env().start_extra_skr("skr-c").await }).expect("skr-c")
     })
 }
 
@@ -52,9 +50,9 @@ async fn await_converged(f: &Fleet, replicas: &[&str]) -> Table {
 
 /// Waits until every SKR holds `mt_name` in the fleet's sync namespace.
 async fn await_everywhere(f: &Fleet, mt_name: &str) {
-    let env = common::env();
+    let env = testenv::env();
     for skr in [&env.skr_a, &env.skr_b, skr_c()] {
-        common::await_condition(PROMPT, &format!("{mt_name} in {}", skr.name()), || async {
+        testenv::await_condition(PROMPT, &format!("{mt_name} in {}", skr.name()), || async {
             f.scenario.skr_names(skr, MT).await.contains(mt_name)
         })
         .await;
@@ -67,7 +65,7 @@ async fn await_all_synced(f: &Fleet) {
     }
 }
 
-fn check(f: &Fleet, member_liveness: bool) -> common::invariants::InvariantReport {
+fn check(f: &Fleet, member_liveness: bool) -> testenv::invariants::InvariantReport {
     let options = InvariantOptions { lease_namespace: Some(f.ns().to_owned()), member_liveness, ..Default::default() };
     let report =
         check_invariants(&f.invariant_input(|ns, name| shard_of(ns, name, SHARDS), options)).expect("invariants");
@@ -281,7 +279,7 @@ async fn replica_cut_from_the_kcp_fences_itself_before_its_shards_move() {
     await_converged(&f, &["r1", "r2"]).await;
     eprintln!("shards of the cut replica moved after {:.1}s", cut.elapsed().as_secs_f64());
     await_everywhere(&f, "keda-1.1.0").await;
-    common::await_condition(PROMPT, "r3 reports itself fenced", || async {
+    testenv::await_condition(PROMPT, "r3 reports itself fenced", || async {
         f.metric("r3", "catalogsync_member_fenced", &[]).await == 1.0
     })
     .await;

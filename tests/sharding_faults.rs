@@ -5,20 +5,19 @@
 //! write, and each test also checks that catalog changes made during the fault reach every
 //! SKR.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use catalogsync::api::{CONFIG_LEASE, member_lease_name, shard_lease_name};
 use catalogsync::sharding::ring::shard_of;
 use catalogsync::sharding::table::Table;
-use common::fleet::{Fleet, holders};
-use common::invariants::{InvariantOptions, SkrWrite, check_invariants, overlapping_writers, read_skr_writes};
-use common::scenario::{MT, mrm, mt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
+use testenv::fleet::{Fleet, holders};
+use testenv::invariants::{InvariantOptions, SkrWrite, check_invariants, overlapping_writers, read_skr_writes};
+use testenv::scenario::{MT, mrm, mt};
 
 const SHARDS: u32 = 8;
 const KYMAS: usize = 16;
@@ -30,7 +29,7 @@ const PROMPT: Duration = Duration::from_secs(40);
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn fleet(prefix: &str) -> Fleet {
-    let env = common::env();
+    let env = testenv::env();
     let mut f = Fleet::new(prefix, &[&env.skr_a, &env.skr_b], KYMAS).await.expect("fleet");
     f.scenario.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
     f.base_args.extend(["--drain-timeout", "3s"].map(str::to_owned));
@@ -58,7 +57,7 @@ async fn await_converged(f: &Fleet, replicas: &[&str]) -> Table {
 
 /// Applies a new keda version and waits until both SKRs hold it; returns how long it took.
 async fn release_everywhere(f: &Fleet, version: &str) -> Duration {
-    let env = common::env();
+    let env = testenv::env();
     let started = Instant::now();
     let name = format!("keda-{version}");
     f.scenario
@@ -66,7 +65,7 @@ async fn release_everywhere(f: &Fleet, version: &str) -> Duration {
         .await
         .expect("catalog change");
     for skr in [&env.skr_a, &env.skr_b] {
-        common::await_condition(PROMPT, &format!("{name} in {}", skr.name()), || async {
+        testenv::await_condition(PROMPT, &format!("{name} in {}", skr.name()), || async {
             f.scenario.skr_names(skr, MT).await.contains(&name)
         })
         .await;
@@ -80,7 +79,7 @@ async fn await_all_synced(f: &Fleet) {
     }
 }
 
-fn check(f: &Fleet) -> common::invariants::InvariantReport {
+fn check(f: &Fleet) -> testenv::invariants::InvariantReport {
     let options = InvariantOptions { lease_namespace: Some(f.ns().to_owned()), ..Default::default() };
     let report =
         check_invariants(&f.invariant_input(|ns, name| shard_of(ns, name, SHARDS), options)).expect("invariants");
@@ -103,7 +102,7 @@ async fn metric_sum(f: &Fleet, replicas: &[&str], name: &str) -> f64 {
 /// Waits until replica `key` reports through the gauge `metric` that it is kept out, and
 /// checks that it is not ready and its log says `why`.
 async fn await_kept_out(f: &Fleet, key: &str, metric: &str, why: &str) {
-    common::await_condition(PROMPT, &format!("{key} to report {metric}"), || async {
+    testenv::await_condition(PROMPT, &format!("{key} to report {metric}"), || async {
         f.metric(key, metric, &[]).await == 1.0
     })
     .await;
@@ -157,7 +156,7 @@ async fn two_processes_with_one_identity_never_write_together() {
     // The two processes share an identity, so the checker sees one replica; the SKR audit
     // logs tell them apart by the process nonce in the user agent.
     check(&f);
-    let env = common::env();
+    let env = testenv::env();
     let mut processes: BTreeMap<String, (Timestamp, Timestamp)> = BTreeMap::new();
     for skr in [&env.skr_a, &env.skr_b] {
         let events = skr.read_audit_events();
@@ -192,7 +191,7 @@ async fn a_member_lease_deleted_by_hand_moves_nothing() {
     let forced = metric_sum(&f, &["r1", "r2"], "catalogsync_shard_forced_takeovers_total").await;
 
     for round in 0..3 {
-        leases(&f).delete("catalogsync-member-r1", &DeleteParams::default()).await.expect("delete member Lease");
+        leases(&f).delete(&member_lease_name("r1"), &DeleteParams::default()).await.expect("delete member Lease");
         tokio::time::sleep(LEASE_DURATION / 2).await;
         eprintln!("round {round}: member Lease of r1 deleted");
     }
@@ -223,7 +222,7 @@ async fn shard_leases_edited_by_hand_keep_one_writer() {
     assert!(of_r1.len() >= 3, "r1 holds {of_r1:?}");
     let (handed, deleted, unheld) = (of_r1[0], of_r1[1], of_r1[2]);
     let api = leases(&f);
-    let name = |s: u32| format!("catalogsync-shard-{s}");
+    let name = shard_lease_name;
 
     // A release in flight while the Leases are edited keeps the holders busy writing.
     f.scenario.apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.1.0")])]).await.expect("change");
@@ -247,7 +246,7 @@ async fn shard_leases_edited_by_hand_keep_one_writer() {
 #[tokio::test]
 async fn a_skewed_clock_forces_no_takeover() {
     let _serial = SERIAL.lock().await;
-    let faketime = common::process::libfaketime().expect("libfaketime (hack/test.sh installs it)");
+    let faketime = testenv::process::libfaketime().expect("libfaketime (hack/test.sh installs it)");
     let mut f = fleet("skew").await;
     let args = args(&f);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -258,7 +257,7 @@ async fn a_skewed_clock_forces_no_takeover() {
     let before = holders(&await_converged(&f, &["ahead", "r2"]).await);
     await_all_synced(&f).await;
     // The skew is real: the replica writes renew times two minutes ahead of the KCP's clock.
-    let member = leases(&f).get("catalogsync-member-ahead").await.expect("member Lease of the skewed replica");
+    let member = leases(&f).get(&member_lease_name("ahead")).await.expect("member Lease of the skewed replica");
     let renewed = member.spec.and_then(|s| s.renew_time).expect("a renew time").0;
     let ahead = renewed.duration_since(Timestamp::now()).as_secs_f64();
     assert!(ahead > 100.0, "libfaketime did not move the replica's clock: its renew time is {ahead:.0}s ahead");
@@ -293,7 +292,7 @@ async fn a_kcp_outage_of_every_replica_moves_no_shard() {
         f.proxy(r).expect("proxy").cut();
     }
     let cut = Instant::now();
-    common::await_condition(PROMPT, "every replica to fence itself", || async {
+    testenv::await_condition(PROMPT, "every replica to fence itself", || async {
         let mut fenced = 0.0;
         for r in ["r1", "r2", "r3"] {
             fenced += f.metric(r, "catalogsync_member_fenced", &[]).await;
@@ -339,11 +338,11 @@ async fn a_stalled_kcp_hangs_no_loop() {
     // One replica stalled: it fences itself, keeps renewing in vain, and is not ready.
     let errors = f.metric("r2", "catalogsync_member_renewals_total", &["result=\"error\""]).await;
     f.proxy("r2").expect("proxy").stall();
-    common::await_condition(PROMPT, "r2 to fence itself", || async {
+    testenv::await_condition(PROMPT, "r2 to fence itself", || async {
         f.metric("r2", "catalogsync_member_fenced", &[]).await == 1.0
     })
     .await;
-    common::await_condition(PROMPT, "r2's failed renewals to keep counting", || async {
+    testenv::await_condition(PROMPT, "r2's failed renewals to keep counting", || async {
         f.metric("r2", "catalogsync_member_renewals_total", &["result=\"error\""]).await >= errors + 3.0
     })
     .await;
@@ -355,7 +354,7 @@ async fn a_stalled_kcp_hangs_no_loop() {
     let took = release_everywhere(&f, "1.1.0").await;
     eprintln!("with r2 stalled, a release reached every SKR in {:.1}s", took.as_secs_f64());
     f.proxy("r2").expect("proxy").heal();
-    common::await_condition(PROMPT, "r2 to be ready again", || async {
+    testenv::await_condition(PROMPT, "r2 to be ready again", || async {
         matches!(f.http_get("r2", "/readyz").await, Ok((200, _)))
     })
     .await;
@@ -366,7 +365,7 @@ async fn a_stalled_kcp_hangs_no_loop() {
     for r in ["r1", "r2"] {
         f.proxy(r).expect("proxy").stall();
     }
-    common::await_condition(PROMPT, "both replicas to fence themselves", || async {
+    testenv::await_condition(PROMPT, "both replicas to fence themselves", || async {
         f.metric("r1", "catalogsync_member_fenced", &[]).await + f.metric("r2", "catalogsync_member_fenced", &[]).await
             == 2.0
     })
@@ -435,14 +434,14 @@ async fn changing_the_shard_count_never_has_two_writers() {
     // takes over once their member Leases count as expired.
     let changed = Instant::now();
     let patch = serde_json::json!({"metadata": {"annotations": {"catalogsync.kyma-project.io/shards": "4"}}});
-    leases(&f).patch("catalogsync-config", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("record 4");
+    leases(&f).patch(CONFIG_LEASE, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("record 4");
     for r in ["r1", "r2"] {
-        common::await_condition(PROMPT, &format!("{r} to fence itself"), || async {
+        testenv::await_condition(PROMPT, &format!("{r} to fence itself"), || async {
             f.metric(r, "catalogsync_member_fenced", &[]).await == 1.0
         })
         .await;
     }
-    common::await_condition(CONVERGE, "the 4-shard replica to hold all 4 shards", || async {
+    testenv::await_condition(CONVERGE, "the 4-shard replica to hold all 4 shards", || async {
         let t = f.shard_table().await.ok()?;
         (t.rows.len() == 4 && t.rows.iter().all(|r| r.holder == "new" && r.state == "held")).then_some(())
     })

@@ -1,11 +1,9 @@
 //! End-to-end sync against real apiservers: one KCP and two SKRs, catalogsync as a process
 //! under the ServiceAccount identity and RBAC of `deploy/rbac/`.
 
-mod common;
-
 use std::time::Duration;
 
-use common::scenario::{MRM, MT, Scenario, labelled, mrm, mt};
+use testenv::scenario::{MRM, MT, Scenario, labelled, mrm, mt};
 
 /// Catalog changes must arrive well within this, without a periodic resync.
 const PROMPT: Duration = Duration::from_secs(15);
@@ -39,7 +37,7 @@ fn sample_catalog() -> Vec<serde_json::Value> {
 
 #[tokio::test]
 async fn new_kymas_get_their_filtered_catalog() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("filter").await.expect("scenario");
     s.apply_catalog(&sample_catalog()).await.expect("catalog");
     s.add_kyma("plain", &env.skr_a, &[]).await.expect("kyma");
@@ -83,7 +81,7 @@ fn selected_module(name: &str, selector: serde_json::Value) -> [serde_json::Valu
 #[tokio::test]
 async fn restricted_modules_with_invalid_selectors_reach_no_skr() {
     use serde_json::json;
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("selectors").await.expect("scenario");
     let long = "v".repeat(64);
     // The CRD schema (deploy/crds) types kymaSelector as a LabelSelector without checking its
@@ -152,7 +150,7 @@ fn spec_of(obj: &kube::api::DynamicObject) -> serde_json::Value {
 
 #[tokio::test]
 async fn catalog_changes_reach_every_skr_without_a_resync() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("changes").await.expect("scenario");
     s.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
     s.add_kyma("plain", &env.skr_a, &[]).await.expect("kyma");
@@ -175,7 +173,7 @@ async fn catalog_changes_reach_every_skr_without_a_resync() {
     updated["spec"]["descriptor"]["component"]["labels"] = serde_json::json!([{"name": "rev", "value": "2"}]);
     s.apply_catalog(std::slice::from_ref(&updated)).await.expect("update mt");
     for skr in [&env.skr_a, &env.skr_b] {
-        common::await_condition(PROMPT, "updated keda-1.0.0 descriptor", || async {
+        testenv::await_condition(PROMPT, "updated keda-1.0.0 descriptor", || async {
             s.skr_api(skr, MT).get("keda-1.0.0").await.ok().is_some_and(|o| spec_of(&o) == updated["spec"])
         })
         .await;
@@ -187,7 +185,7 @@ async fn catalog_changes_reach_every_skr_without_a_resync() {
         .expect("update mrm");
     for skr in [&env.skr_a, &env.skr_b] {
         s.await_skr_names(skr, MT, &["eventing-0.9.0", "keda-1.0.0", "keda-1.1.0"], PROMPT).await;
-        common::await_condition(PROMPT, "keda MRM with two channels", || async {
+        testenv::await_condition(PROMPT, "keda MRM with two channels", || async {
             s.skr_api(skr, MRM)
                 .get("keda")
                 .await
@@ -200,7 +198,7 @@ async fn catalog_changes_reach_every_skr_without_a_resync() {
     // Flip keda-1.1.0 to beta: gone from the plain SKR, its channel pruned; kept in the beta SKR.
     s.apply_catalog(&[labelled(mt("keda", "1.1.0"), BETA, "true")]).await.expect("flip beta");
     s.await_skr_names(&env.skr_a, MT, &["eventing-0.9.0", "keda-1.0.0"], PROMPT).await;
-    common::await_condition(PROMPT, "keda MRM in skr-a pruned to the regular channel", || async {
+    testenv::await_condition(PROMPT, "keda MRM in skr-a pruned to the regular channel", || async {
         s.skr_api(&env.skr_a, MRM)
             .get("keda")
             .await
@@ -230,7 +228,7 @@ async fn catalog_changes_reach_every_skr_without_a_resync() {
 
 #[tokio::test]
 async fn drift_is_repaired_and_user_objects_are_left_alone() {
-    let env = common::env();
+    let env = testenv::env();
     let skr = &env.skr_a;
     let mut s = Scenario::new("drift").await.expect("scenario");
     s.apply_catalog(&[
@@ -244,8 +242,8 @@ async fn drift_is_repaired_and_user_objects_are_left_alone() {
 
     // Before catalogsync runs, the SKR holds what lifecycle-manager left there: an up-to-date
     // copy and a stale one written under field manager catalog-sync, and a user's own MT.
-    common::create_namespace(&skr.admin_client(), &s.sync_ns).await.expect("ns");
-    common::install_catalogsync_crds(skr).await.expect("crds");
+    testenv::create_namespace(&skr.admin_client(), &s.sync_ns).await.expect("ns");
+    testenv::install_catalogsync_crds(skr).await.expect("crds");
     let as_copy = |body: serde_json::Value| {
         let mut b = body;
         b["metadata"]["namespace"] = serde_json::json!(s.sync_ns);
@@ -277,7 +275,7 @@ async fn drift_is_repaired_and_user_objects_are_left_alone() {
     // resync, without the added field.
     let edit = serde_json::json!({"spec": {"version": "6.6.6", "descriptor": {"tampered": true}}});
     mts.patch("keda-1.1.0", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&edit)).await.expect("edit");
-    common::await_condition(PROMPT, "edited copy repaired", || async {
+    testenv::await_condition(PROMPT, "edited copy repaired", || async {
         mts.get("keda-1.1.0").await.ok().is_some_and(|o| spec_of(&o) == mt("keda", "1.1.0")["spec"])
     })
     .await;
@@ -301,15 +299,15 @@ async fn drift_is_repaired_and_user_objects_are_left_alone() {
 /// (after a full list) and a warm one (after a metadata-only list) are checked.
 #[tokio::test]
 async fn prunes_carry_the_listed_uid_and_resource_version_as_preconditions() {
-    let env = common::env();
+    let env = testenv::env();
     let skr = &env.skr_b;
     let mut s = Scenario::new("prune-pre").await.expect("scenario");
     s.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
     s.add_kyma("k", skr, &[]).await.expect("kyma");
 
     // Before catalogsync runs: a stale copy written under field manager catalog-sync.
-    common::create_namespace(&skr.admin_client(), &s.sync_ns).await.expect("ns");
-    common::install_catalogsync_crds(skr).await.expect("crds");
+    testenv::create_namespace(&skr.admin_client(), &s.sync_ns).await.expect("ns");
+    testenv::install_catalogsync_crds(skr).await.expect("crds");
     let mut stale = mt("old", "0.1.0");
     stale["metadata"]["namespace"] = serde_json::json!(s.sync_ns);
     let mts = s.skr_api(skr, MT);
@@ -331,7 +329,7 @@ async fn prunes_carry_the_listed_uid_and_resource_version_as_preconditions() {
     s.await_skr_names(skr, MRM, &["keda"], PROMPT).await;
 
     let user = s.skr_user("k");
-    let deletes: Vec<common::AuditEvent> = skr
+    let deletes: Vec<testenv::AuditEvent> = skr
         .read_audit_events()
         .into_iter()
         .filter(|e| e.verb == "delete" && e.user.username == user && e.namespace() == Some(s.sync_ns.as_str()))
@@ -359,7 +357,7 @@ async fn prunes_carry_the_listed_uid_and_resource_version_as_preconditions() {
 
 #[tokio::test]
 async fn skr_crds_are_created_when_missing_and_not_rewritten_when_equal() {
-    let env = common::env();
+    let env = testenv::env();
     let skr = env.start_extra_skr("skr-crd").await.expect("skr");
     let mut s = Scenario::new("crds").await.expect("scenario");
     s.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
@@ -386,7 +384,7 @@ async fn skr_crds_are_created_when_missing_and_not_rewritten_when_equal() {
     let before = skr.read_audit_events().len();
     s.catalogsync.take();
     s.start(&[]).expect("restart");
-    common::await_condition(PROMPT, "a successful sync after the restart", || async {
+    testenv::await_condition(PROMPT, "a successful sync after the restart", || async {
         s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await >= 1.0
     })
     .await;
@@ -403,7 +401,7 @@ async fn skr_crds_are_created_when_missing_and_not_rewritten_when_equal() {
 
 #[tokio::test]
 async fn kyma_gets_only_its_condition_and_steady_state_writes_nothing() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("steady").await.expect("scenario");
     s.apply_catalog(&sample_catalog()).await.expect("catalog");
     s.add_kyma("k1", &env.skr_a, &[("kyma-project.io/runtime-id", "k1")]).await.expect("kyma");
@@ -437,7 +435,7 @@ async fn kyma_gets_only_its_condition_and_steady_state_writes_nothing() {
     let kcp_mark = env.kcp.read_audit_events().len();
     let skr_marks = [env.skr_a.read_audit_events().len(), env.skr_b.read_audit_events().len()];
     let runs = s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await;
-    common::await_condition(Duration::from_secs(20), "three more resyncs of both Kymas", || async {
+    testenv::await_condition(Duration::from_secs(20), "three more resyncs of both Kymas", || async {
         s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await >= runs + 6.0
     })
     .await;
@@ -446,7 +444,9 @@ async fn kyma_gets_only_its_condition_and_steady_state_writes_nothing() {
         // Other scenarios run in parallel under the same identity: look at this one's namespace.
         // Lease renewals (member and coordinator) are the heartbeat: a fixed cost per replica,
         // independent of the number of SKRs. Shard Leases must not be written.
-        .filter(|e| e.is_write() && e.user.username == common::CATALOGSYNC_USER && e.namespace() == Some(s.ns.as_str()))
+        .filter(|e| {
+            e.is_write() && e.user.username == testenv::CATALOGSYNC_USER && e.namespace() == Some(s.ns.as_str())
+        })
         .filter(|e| {
             let heartbeat = e.resource() == "leases"
                 && e.name().is_some_and(|n| n.starts_with("catalogsync-member-") || n == "catalogsync-coordinator");
@@ -472,7 +472,7 @@ async fn kyma_gets_only_its_condition_and_steady_state_writes_nothing() {
 
 #[tokio::test]
 async fn klm_shaped_module_template_round_trips_without_losing_fields() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("roundtrip").await.expect("scenario");
     let mut big = mt("btp-operator", "1.1.0");
     let resources: Vec<serde_json::Value> = (0..120)

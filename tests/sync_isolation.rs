@@ -2,14 +2,12 @@
 //! a rotated Secret, Kymas that must be left alone, and a graceful shutdown, each next to a
 //! healthy Kyma that must keep getting its catalog. Real apiservers, catalogsync as a process.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use catalogsync::sharding::ring::shard_of;
-use common::scenario::{MRM, MT, Scenario, mrm, mt};
-use common::{AuditEvent, ControlPlane};
 use serde_json::Value;
+use testenv::scenario::{MRM, MT, Scenario, mrm, mt};
+use testenv::{AuditEvent, ControlPlane};
 
 /// Catalog changes must arrive well within this, without a periodic resync.
 const PROMPT: Duration = Duration::from_secs(15);
@@ -60,7 +58,7 @@ fn describe(events: &[&(usize, AuditEvent)]) -> Vec<String> {
 /// another Kyma keeps getting catalog changes promptly; after the restart it recovers alone.
 #[tokio::test]
 async fn unreachable_skr_does_not_block_others_and_recovers() {
-    let env = common::env();
+    let env = testenv::env();
     // A dedicated SKR, so no other test sees it go down.
     let skr_down = env.start_extra_skr("skr-down").await.expect("start skr-down");
     let mut s = Scenario::new("iso-down").await.expect("scenario");
@@ -118,7 +116,7 @@ async fn unreachable_skr_does_not_block_others_and_recovers() {
 /// a restart.
 #[tokio::test]
 async fn bad_access_secrets_fail_only_their_kyma_and_heal_when_fixed() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("iso-secret").await.expect("scenario");
     s.apply_catalog(&base_catalog()).await.expect("catalog");
     s.add_kyma("healthy", &env.skr_a, &[]).await.expect("kyma");
@@ -178,7 +176,7 @@ async fn bad_access_secrets_fail_only_their_kyma_and_heal_when_fixed() {
 /// A rotated access Secret is picked up: after the rotation only the new identity writes.
 #[tokio::test]
 async fn rotated_access_secret_is_picked_up() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("iso-rotate").await.expect("scenario");
     let user_x = format!("{}-user-x", s.ns);
     let user_y = format!("{}-user-y", s.ns);
@@ -201,7 +199,7 @@ async fn rotated_access_secret_is_picked_up() {
     // race the Secret watch.
     let rotated_at = env.skr_b.read_audit_events().len();
     s.put_secret("rotating", "rotating", &env.skr_b.kubeconfig_yaml(&user_y, &["system:masters"])).await.expect("y");
-    common::await_condition(PROMPT, &format!("a request by {user_y} in skr-b"), || async {
+    testenv::await_condition(PROMPT, &format!("a request by {user_y} in skr-b"), || async {
         audit_since(&env.skr_b, rotated_at).iter().any(|(_, e)| e.user.username == user_y)
     })
     .await;
@@ -230,7 +228,7 @@ async fn rotated_access_secret_is_picked_up() {
 /// Kyma of the same scenario gets every catalog change.
 #[tokio::test]
 async fn skip_reconciliation_kyma_gets_no_skr_write() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("iso-skip").await.expect("scenario");
     s.apply_catalog(&base_catalog()).await.expect("catalog");
     s.add_kyma("healthy", &env.skr_a, &[]).await.expect("kyma");
@@ -239,7 +237,7 @@ async fn skip_reconciliation_kyma_gets_no_skr_write() {
 
     s.await_condition("healthy", "True", "CatalogSynced", PROMPT).await;
     s.await_skr_names(&env.skr_a, MT, BASE_MTS, PROMPT).await;
-    common::await_condition(PROMPT, "catalogsync to leave the skipped Kyma alone", || async {
+    testenv::await_condition(PROMPT, "catalogsync to leave the skipped Kyma alone", || async {
         s.metric("catalogsync_kymas_skipped_total", &["reason=\"skip_reconciliation\""]).await >= 1.0
     })
     .await;
@@ -270,7 +268,7 @@ async fn skip_reconciliation_kyma_gets_no_skr_write() {
 /// catalog changes (an added module, a removed one) neither apply nor prune in its SKR.
 #[tokio::test]
 async fn deleting_kyma_gets_no_skr_write() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("iso-deleting").await.expect("scenario");
     s.apply_catalog(&base_catalog()).await.expect("catalog");
     s.add_kyma("healthy", &env.skr_a, &[]).await.expect("kyma");
@@ -289,7 +287,7 @@ async fn deleting_kyma_gets_no_skr_write() {
     s.delete_kyma("deleting").await.expect("delete");
     let kyma = s.kymas().get("deleting").await.expect("the Kyma stays while its finalizer is there");
     assert!(kyma.metadata.deletion_timestamp.is_some(), "no deletionTimestamp: {:?}", kyma.metadata);
-    common::await_condition(PROMPT, "catalogsync to leave the deleting Kyma alone", || async {
+    testenv::await_condition(PROMPT, "catalogsync to leave the deleting Kyma alone", || async {
         s.metric("catalogsync_kymas_skipped_total", &["reason=\"deleting\""]).await >= 1.0
     })
     .await;
@@ -319,7 +317,7 @@ async fn deleting_kyma_gets_no_skr_write() {
 /// Kyma next to it keeps its access and its catalog changes.
 #[tokio::test]
 async fn kyma_deleted_without_finalizers_is_forgotten() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("iso-gone").await.expect("scenario");
     s.apply_catalog(&base_catalog()).await.expect("catalog");
     s.add_kyma("healthy", &env.skr_a, &[]).await.expect("kyma");
@@ -334,13 +332,13 @@ async fn kyma_deleted_without_finalizers_is_forgotten() {
     s.add_kyma("gone", &env.skr_b, &[]).await.expect("kyma");
     s.await_condition("gone", "True", "CatalogSynced", PROMPT).await;
     s.await_skr_names(&env.skr_b, MT, BASE_MTS, PROMPT).await;
-    common::await_condition(PROMPT, "the second Kyma's access cached", || async { clients().await == before + 1.0 })
+    testenv::await_condition(PROMPT, "the second Kyma's access cached", || async { clients().await == before + 1.0 })
         .await;
 
     s.delete_kyma("gone").await.expect("delete");
     assert!(s.kymas().get_opt("gone").await.expect("get").is_none(), "no finalizer: gone at once");
     let started = Instant::now();
-    common::await_condition(PROMPT, "the deleted Kyma's access dropped", || async {
+    testenv::await_condition(PROMPT, "the deleted Kyma's access dropped", || async {
         clients().await == before && deleted().await == deleted_before + 1.0
     })
     .await;
@@ -369,7 +367,7 @@ async fn kyma_deleted_without_finalizers_is_forgotten() {
 /// test says whether it saw that); either way its shard's depth must end at 0.
 #[tokio::test]
 async fn deleted_pending_kyma_leaves_no_queue_depth() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("iso-pending").await.expect("scenario");
     // An "SKR" that accepts TCP connections but never answers: each sync against it hangs for
     // the request timeout (3 s) and fails, then backs off (at most 3 s) and hangs again.
@@ -416,7 +414,7 @@ async fn deleted_pending_kyma_leaves_no_queue_depth() {
     s.delete_kyma(&gone).await.expect("delete");
     let deleted_at = Instant::now();
     eprintln!("the Kyma was {}pending in the queue when deleted", if pending { "" } else { "not " });
-    common::await_condition(PROMPT, "no queue depth left in the deleted Kyma's shard", || async {
+    testenv::await_condition(PROMPT, "no queue depth left in the deleted Kyma's shard", || async {
         depth().await == 0.0
     })
     .await;
@@ -432,7 +430,7 @@ async fn deleted_pending_kyma_leaves_no_queue_depth() {
 /// SKR that accepts connections but never answers and a Kyma failing in backoff.
 #[tokio::test]
 async fn sigterm_shuts_down_gracefully() {
-    let env = common::env();
+    let env = testenv::env();
     let mut s = Scenario::new("iso-term").await.expect("scenario");
     // An "SKR" that accepts TCP connections (the kernel completes the handshake) but never
     // answers: a sync against it hangs until its timeouts.
@@ -451,7 +449,7 @@ async fn sigterm_shuts_down_gracefully() {
     s.await_ready(PROMPT).await;
     s.await_condition("healthy", "True", "CatalogSynced", PROMPT).await;
     s.await_condition("missing", "False", "AccessSecretMissing", PROMPT).await;
-    common::await_condition(PROMPT, "a sync in flight (the hanging SKR)", || async {
+    testenv::await_condition(PROMPT, "a sync in flight (the hanging SKR)", || async {
         s.metric("catalogsync_syncs_in_flight", &[]).await >= 1.0
     })
     .await;

@@ -181,12 +181,27 @@ pub const CONFIRM_SHRINK_ANNOTATION: &str = "catalogsync.kyma-project.io/confirm
 /// replica that has published nothing yet.
 pub const PUBLISHED_CATALOG_ANNOTATION: &str = "catalogsync.kyma-project.io/published-catalog";
 
+/// Name prefix of member Leases: `catalogsync-member-<identity>`.
+pub const MEMBER_LEASE_PREFIX: &str = "catalogsync-member-";
+/// Name prefix of shard Leases: `catalogsync-shard-<shard>`.
+pub const SHARD_LEASE_PREFIX: &str = "catalogsync-shard-";
+
 /// Name of the member Lease of replica `identity`.
 pub fn member_lease_name(identity: &str) -> String {
-    format!("catalogsync-member-{identity}")
+    format!("{MEMBER_LEASE_PREFIX}{identity}")
 }
 
 /// Name of the Lease of shard `shard`.
 pub fn shard_lease_name(shard: u32) -> String {
-    format!("catalogsync-shard-{shard}")
+    format!("{SHARD_LEASE_PREFIX}{shard}")
+}
+
+/// The shard a Lease named `name` is the Lease of, if it is a shard Lease.
+pub fn shard_of_lease_name(name: &str) -> Option<u32> {
+    name.strip_prefix(SHARD_LEASE_PREFIX)?.parse().ok()
+}
+
+/// The replica identity a Lease named `name` is the member Lease of, if it is one.
+pub fn member_of_lease_name(name: &str) -> Option<&str> {
+    name.strip_prefix(MEMBER_LEASE_PREFIX).filter(|identity| !identity.is_empty())
 }

@@ -49,6 +49,20 @@ impl CatalogKind {
             CatalogKind::ModuleReleaseMeta => "modulereleasemetas",
         }
     }
+
+    /// The kind whose resource plural is `plural`.
+    pub fn from_plural(plural: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.plural() == plural)
+    }
+
+    /// The `ApiResource` of the kind, for dynamic clients (the same group, version and plural
+    /// in the KCP and in every SKR).
+    pub fn api_resource(self) -> kube::api::ApiResource {
+        match self {
+            CatalogKind::ModuleTemplate => kube::api::ApiResource::erase::<crate::api::ModuleTemplate>(&()),
+            CatalogKind::ModuleReleaseMeta => kube::api::ApiResource::erase::<crate::api::ModuleReleaseMeta>(&()),
+        }
+    }
 }
 
 /// A stable 64-bit content hash (xxh3 over canonical JSON). Stable across processes and

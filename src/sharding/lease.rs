@@ -12,13 +12,13 @@ use kube::{Api, ResourceExt};
 use crate::api::{
     CONFIG_LEASE, DESIRED_HOLDER_ANNOTATION, HANDOVER_STARTED_ANNOTATION, LEASE_TYPE_CONFIG, LEASE_TYPE_LABEL,
     LEASE_TYPE_MEMBER, LEASE_TYPE_SHARD, MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION, SHARDS_ANNOTATION,
-    member_lease_name, shard_lease_name,
+    member_lease_name, shard_lease_name, shard_of_lease_name,
 };
 use crate::sharding::handover::LeaseState;
 
 /// The shard number of a shard Lease, from its name.
 pub fn shard_number(lease: &Lease) -> Option<u32> {
-    lease.name_any().strip_prefix("catalogsync-shard-")?.parse().ok()
+    shard_of_lease_name(&lease.name_any())
 }
 
 /// Whether a Lease is a shard Lease.

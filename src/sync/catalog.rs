@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt, stream};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::DynamicObject;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use crate::api::{Kyma, ModuleReleaseMeta, ModuleTemplate};
+use crate::api::Kyma;
 use crate::catalog::{CatalogKind, Desired, DesiredSets, Snapshot, Warning};
 use crate::sync::executor::{SkrCrds, skr_crd_names};
 use crate::sync::guard::{Gate, ShrinkGuard};
@@ -122,8 +122,8 @@ impl CatalogStores {
 /// `()` per change; the stream must be polled for the stores to fill.
 pub fn watch_catalog(kcp: &Client, namespace: &str) -> (CatalogStores, impl Stream<Item = ()> + Send + 'static) {
     let strip = |o: &mut DynamicObject| o.metadata.managed_fields = None;
-    let mt_ar = ApiResource::erase::<ModuleTemplate>(&());
-    let mrm_ar = ApiResource::erase::<ModuleReleaseMeta>(&());
+    let mt_ar = CatalogKind::ModuleTemplate.api_resource();
+    let mrm_ar = CatalogKind::ModuleReleaseMeta.api_resource();
     let mt_writer = reflector::store::Writer::new(mt_ar.clone());
     let mt_store = mt_writer.as_reader();
     let mrm_writer = reflector::store::Writer::new(mrm_ar.clone());

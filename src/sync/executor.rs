@@ -16,9 +16,7 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GetParams, ListParams, Patch, PatchParams, PostParams, Preconditions,
-};
+use kube::api::{DeleteParams, DynamicObject, GetParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::Request;
 use kube::{Resource, ResourceExt};
 use serde::Deserialize;
@@ -127,13 +125,6 @@ pub struct SkrTarget<'a> {
     pub full_lists: &'a tokio::sync::Semaphore,
 }
 
-fn api_resource(kind: CatalogKind) -> ApiResource {
-    match kind {
-        CatalogKind::ModuleTemplate => ApiResource::erase::<ModuleTemplate>(&()),
-        CatalogKind::ModuleReleaseMeta => ApiResource::erase::<ModuleReleaseMeta>(&()),
-    }
-}
-
 fn apply_params() -> PatchParams {
     PatchParams::apply(SKR_FIELD_MANAGER).force()
 }
@@ -170,7 +161,7 @@ enum Pruned {
 
 /// Requests for the copies of `kind` in `namespace`.
 fn copies(kind: CatalogKind, namespace: &str) -> Request {
-    Request::new(DynamicObject::url_path(&api_resource(kind), Some(namespace)))
+    Request::new(DynamicObject::url_path(&kind.api_resource(), Some(namespace)))
 }
 
 /// One page of a list: what a plan needs of each item, and the token of the next page.

@@ -1,4 +1,4 @@
-//! `fleet`: the fleet-scale performance harness (issue #5, `docs/performance.md`).
+//! `fleet`: the fleet-scale performance harness (`docs/performance.md`).
 //!
 //! One binary, three roles:
 //!
@@ -11,13 +11,6 @@
 //!   the desired catalog to every SKR every pass) as the reference to compare against.
 //!
 //! Run it through `hack/fleet.sh`, which builds the release binaries first.
-
-#[path = "../../tests/common/mod.rs"]
-#[allow(unused_imports)]
-mod common;
-#[path = "../../benches/support/mod.rs"]
-#[allow(dead_code)]
-mod support;
 
 mod baseline;
 mod bench;

@@ -32,9 +32,7 @@ use anyhow::{Context as _, Result, bail};
 use axum::Router;
 use axum::extract::State;
 use axum::routing::{get, post};
-use catalogsync::api::{
-    KYMA_NAME_LABEL, Kyma, ModuleReleaseMeta, ModuleTemplate, SKIP_RECONCILIATION_LABEL, SKR_FIELD_MANAGER, is_flag_on,
-};
+use catalogsync::api::{KYMA_NAME_LABEL, Kyma, SKIP_RECONCILIATION_LABEL, SKR_FIELD_MANAGER, is_flag_on};
 use catalogsync::catalog::{CatalogKind, DesiredObject, Snapshot, desired_set};
 use catalogsync::skr::access::{AccessSettings, SkrAccess, find_access_secret};
 use catalogsync::skr::destination::Destinations;
@@ -47,7 +45,6 @@ use kube::runtime::watcher;
 use kube::runtime::{PredicateConfig, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -221,27 +218,13 @@ impl BaselineAdmin {
     }
 
     async fn request(&self, method: &str, path: &str) -> Result<String> {
-        let exchange = async {
-            let mut stream = tokio::net::TcpStream::connect(self.addr).await?;
-            let head = format!(
-                "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                self.addr
-            );
-            stream.write_all(head.as_bytes()).await?;
-            let mut buf = Vec::new();
-            stream.read_to_end(&mut buf).await?;
-            anyhow::Ok(buf)
-        };
-        let buf = tokio::time::timeout(ADMIN_CLIENT_TIMEOUT, exchange)
+        let (code, body) = testenv::http::request(self.addr, method, path, None, ADMIN_CLIENT_TIMEOUT)
             .await
-            .with_context(|| format!("baseline admin {method} {path} timed out"))?
             .with_context(|| format!("failed to call baseline admin {method} {path}"))?;
-        let text = String::from_utf8_lossy(&buf);
-        let code: u16 = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
         if code != 200 {
             bail!("baseline admin {method} {path} answered {code}");
         }
-        Ok(text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+        Ok(String::from_utf8_lossy(&body).into_owned())
     }
 }
 
@@ -441,9 +424,9 @@ impl Catalog {
 /// Starts the MT and MRM reflectors (managedFields stripped: KLM's copy clears them anyway).
 fn watch_catalog(kcp: &Client, namespace: &str) -> (Catalog, tokio::task::JoinHandle<()>) {
     let generation = Arc::new(AtomicU64::new(0));
-    let (templates, mts) = watch_kind(kcp, namespace, ApiResource::erase::<ModuleTemplate>(&()), generation.clone());
+    let (templates, mts) = watch_kind(kcp, namespace, CatalogKind::ModuleTemplate.api_resource(), generation.clone());
     let (release_metas, mrms) =
-        watch_kind(kcp, namespace, ApiResource::erase::<ModuleReleaseMeta>(&()), generation.clone());
+        watch_kind(kcp, namespace, CatalogKind::ModuleReleaseMeta.api_resource(), generation.clone());
     let task = tokio::spawn(async move {
         future::join(mts, mrms).await;
     });
@@ -835,7 +818,7 @@ async fn sync_kind(
     kind: CatalogKind,
     desired: &BTreeMap<String, DesiredObject>,
 ) -> Result<(), KindError> {
-    let ar = api_resource(kind);
+    let ar = kind.api_resource();
     let sync_ns = ctx.settings.sync_namespace.as_str();
     let api = Api::<DynamicObject>::namespaced_with(skr.client.clone(), sync_ns, &ar);
     let params = PatchParams::apply(SKR_FIELD_MANAGER).force();
@@ -921,13 +904,6 @@ impl Ctx {
 /// Whether an SKR object carries a `catalog-sync` managedFields entry (KLM's ownership test).
 fn is_ours(obj: &DynamicObject) -> bool {
     obj.metadata.managed_fields.iter().flatten().any(|m| m.manager.as_deref() == Some(SKR_FIELD_MANAGER))
-}
-
-fn api_resource(kind: CatalogKind) -> ApiResource {
-    match kind {
-        CatalogKind::ModuleTemplate => ApiResource::erase::<ModuleTemplate>(&()),
-        CatalogKind::ModuleReleaseMeta => ApiResource::erase::<ModuleReleaseMeta>(&()),
-    }
 }
 
 fn key_of(kyma: &Kyma) -> String {

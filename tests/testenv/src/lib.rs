@@ -1,27 +1,29 @@
-//! Test harness: real kube-apiserver and etcd processes (see
-//! `shared/docs/test-environment.md`), a KCP and SKRs for end-to-end tests, and the
-//! catalogsync binary as a child process.
-//!
-//! Use it from an integration test as `mod common;`:
+//! catalogsync's test environment: real kube-apiserver and etcd processes, a KCP and SKRs for
+//! end-to-end tests, the catalogsync binary as a child process, hostile SKRs, a kubelet node,
+//! the invariant checker, and the catalog fixtures (re-exported from `catalogsync::fixtures`).
+//! The integration tests under `tests/`, the benches, `hack/local-up` and the fleet harness
+//! (`hack/fleet`) all use it.
 //!
 //! ```ignore
-//! mod common;
 //! #[tokio::test]
 //! async fn copies_reach_the_skr() {
-//!     let env = common::env();                     // started once per test binary
-//!     common::install_catalogsync_crds(&env.kcp).await.expect("CRDs");
-//!     let kcp = env.kcp.admin_client();            // a fresh client per runtime
-//!     let kubeconfig = common::catalogsync_kubeconfig(&env.kcp, env.dir());
-//!     let mut cs = common::Catalogsync::spawn(&["run"], &[], &kubeconfig).expect("spawn");
-//!     common::await_condition(Duration::from_secs(10), "...", || async { true }).await;
+//!     let env = testenv::env();                     // started once per test binary
+//!     testenv::install_catalogsync_crds(&env.kcp).await.expect("CRDs");
+//!     let kcp = env.kcp.admin_client();             // a fresh client per runtime
+//!     let kubeconfig = testenv::catalogsync_kubeconfig(&env.kcp, env.dir());
+//!     let mut cs = testenv::Catalogsync::spawn(&["run"], &[], &kubeconfig).expect("spawn");
+//!     testenv::await_condition(Duration::from_secs(10), "...", || async { true }).await;
 //! }
 //! ```
 //!
 //! Binaries come from `TEST_ASSET_KUBE_APISERVER`/`TEST_ASSET_ETCD` (or
 //! `KUBEBUILDER_ASSETS`): `eval "$(hack/k8s-bins.sh)"`. Set `CATALOGSYNC_KEEP_TEST_DIRS=1` to
-//! keep logs, audit logs and etcd data. Child processes never outlive the test binary (see
-//! [`process`]).
-#![allow(dead_code, clippy::panic)] // Not every test binary uses every helper; test failures panic.
+//! keep logs, audit logs and etcd data. Child processes never outlive the process that started
+//! them (see [`process`]).
+// A test environment reports a broken setup by panicking, as the tests it serves do.
+#![allow(clippy::panic)]
+
+pub use catalogsync::fixtures;
 
 pub mod apply;
 pub mod audit;
@@ -31,6 +33,7 @@ pub mod docs;
 pub mod etcd;
 pub mod fleet;
 pub mod hostile;
+pub mod http;
 pub mod invariants;
 pub mod kubelet;
 pub mod kustomize;
@@ -50,7 +53,6 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-#[allow(unused_imports)] // Re-exports for the test files; each uses some.
 pub use self::{
     apply::{
         HARNESS_FIELD_MANAGER, apply_docs, apply_yaml, apply_yaml_dir, install_crds, install_crds_yaml, parse_yaml_docs,
@@ -86,7 +88,7 @@ pub struct TestEnv {
     /// Second remote cluster.
     pub skr_b: ControlPlane,
     base: TestDir,
-    janitor: Option<Watchdog>,
+    _janitor: Option<Watchdog>,
     started_in: Duration,
 }
 
@@ -108,7 +110,7 @@ impl TestEnv {
         )?;
         let started_in = started.elapsed();
         eprintln!("test environment started in {:.1}s (dir {})", started_in.as_secs_f64(), base.path().display());
-        Ok(Self { etcd, kcp, skr_a, skr_b, base, janitor, started_in })
+        Ok(Self { etcd, kcp, skr_a, skr_b, base, _janitor: janitor, started_in })
     }
 
     /// The directory everything lives under; free for tests to write into.
@@ -196,7 +198,7 @@ pub async fn install_catalogsync_crds(cp: &ControlPlane) -> Result<Vec<String>> 
     if apply::yaml_files(&dir).is_ok_and(|files| !files.is_empty()) {
         install_crds(cp, &dir).await
     } else {
-        let yaml = ::catalogsync::api::crds_yaml().context("failed to generate the CRDs")?;
+        let yaml = catalogsync::api::crds_yaml().context("failed to generate the CRDs")?;
         install_crds_yaml(cp, &yaml).await
     }
 }

@@ -20,7 +20,6 @@ use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 
 use super::state::Sim;
@@ -109,7 +108,8 @@ impl SimAdmin {
     }
 
     async fn call<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<&[u8]>) -> Result<T> {
-        let (status, body) = http_request(self.addr, method, path, body).await?;
+        let (status, body) =
+            testenv::http::request(self.addr, method, path, body, testenv::http::DEFAULT_TIMEOUT).await?;
         if !(200..300).contains(&status) {
             bail!("{method} {path} answered {status}: {}", String::from_utf8_lossy(&body));
         }
@@ -174,55 +174,12 @@ fn encode(s: &str) -> String {
         .collect()
 }
 
-/// One plain HTTP/1.1 request on a fresh connection (`Connection: close`). Returns the status
-/// code and the body (chunked bodies are decoded).
-///
-/// # Errors
-/// When the connection fails or the answer is not HTTP.
-pub async fn http_request(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>) -> Result<(u16, Vec<u8>)> {
-    let mut stream =
-        tokio::net::TcpStream::connect(addr).await.with_context(|| format!("failed to connect to {addr}"))?;
-    let body = body.unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body).await?;
-    let mut buf = Vec::new();
-    stream.read_to_end(&mut buf).await?;
-    let split = buf.windows(4).position(|w| w == b"\r\n\r\n").context("no end of the HTTP head")?;
-    let head = String::from_utf8_lossy(&buf[..split]).to_ascii_lowercase();
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no HTTP status")?;
-    let raw = &buf[split + 4..];
-    let body = if head.contains("transfer-encoding: chunked") { dechunk(raw)? } else { raw.to_vec() };
-    Ok((status, body))
-}
-
-fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let eol = raw.windows(2).position(|w| w == b"\r\n").context("truncated chunk size")?;
-        let size_text = String::from_utf8_lossy(&raw[..eol]);
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or_default().trim(), 16)
-            .context("invalid chunk size")?;
-        raw = &raw[eol + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        let chunk = raw.get(..size).context("truncated chunk")?;
-        out.extend_from_slice(chunk);
-        raw = raw.get(size + 2..).unwrap_or_default();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn chunked_bodies_are_decoded() {
-        assert_eq!(dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap(), b"abcde");
+    fn path_segments_are_percent_encoded() {
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
     }
 }

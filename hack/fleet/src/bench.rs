@@ -16,20 +16,19 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::baseline::BaselineAdmin;
-use crate::common::process::free_port;
-use crate::common::{
+use crate::sim::{Faults, SimAdmin};
+use testenv::process::free_port;
+use testenv::{
     self, CATALOGSYNC_GROUPS, CATALOGSYNC_USER, Catalogsync, ControlPlane, Etcd, ManagedProcess, apply_docs,
     catalogsync_bin, parse_yaml_docs,
 };
-use crate::sim::{Faults, SimAdmin};
-use crate::support;
 
 /// Namespace of the Kymas, Secrets and catalog in the KCP (what `deploy/rbac/` grants).
 pub const KCP_NS: &str = "kcp-system";
 /// Namespace of catalogsync's Leases (what `deploy/rbac/` grants).
 pub const LEASE_NS: &str = "catalogsync-system";
 /// Namespace of the copies in every SKR.
-pub const SYNC_NS: &str = support::SYNC_NAMESPACE;
+pub const SYNC_NS: &str = testenv::fixtures::fleet::SYNC_NAMESPACE;
 /// Field manager of the harness's own KCP writes.
 pub const AUTHOR: &str = "fleet-bench";
 /// The label selecting a Kyma's access Secret.
@@ -173,18 +172,18 @@ impl Bench {
         let kcp = ControlPlane::start_in("kcp", &etcd, Some(dir)).await?;
         let client = kcp.admin_client();
         for ns in [KCP_NS, LEASE_NS] {
-            common::create_namespace(&client, ns).await?;
+            testenv::create_namespace(&client, ns).await?;
         }
-        common::install_catalogsync_crds(&kcp).await?;
+        testenv::install_catalogsync_crds(&kcp).await?;
         let mut docs = Vec::new();
-        for file in common::apply::yaml_files(&common::rbac_dir())? {
+        for file in testenv::apply::yaml_files(&testenv::rbac_dir())? {
             docs.extend(parse_yaml_docs(&std::fs::read_to_string(&file)?)?);
         }
         apply_docs(&client, docs).await.context("failed to apply deploy/rbac")?;
         let replica_kubeconfig =
-            common::write_kubeconfig(dir, "catalogsync", &kcp.kubeconfig_yaml(CATALOGSYNC_USER, CATALOGSYNC_GROUPS));
+            testenv::write_kubeconfig(dir, "catalogsync", &kcp.kubeconfig_yaml(CATALOGSYNC_USER, CATALOGSYNC_GROUPS));
         let baseline_kubeconfig =
-            common::write_kubeconfig(dir, "baseline", &kcp.kubeconfig_yaml("admin", &["system:masters"]));
+            testenv::write_kubeconfig(dir, "baseline", &kcp.kubeconfig_yaml("admin", &["system:masters"]));
         Ok(Self {
             dir: dir.to_path_buf(),
             _etcd: etcd,
@@ -201,19 +200,19 @@ impl Bench {
 
     fn catalog_api(&self, plural: &str) -> Api<DynamicObject> {
         let ar = if plural == support_plural_mt() {
-            ApiResource::erase::<catalogsync::api::ModuleTemplate>(&())
+            catalogsync::catalog::CatalogKind::ModuleTemplate.api_resource()
         } else {
-            ApiResource::erase::<catalogsync::api::ModuleReleaseMeta>(&())
+            catalogsync::catalog::CatalogKind::ModuleReleaseMeta.api_resource()
         };
         Api::namespaced_with(self.client.clone(), KCP_NS, &ar)
     }
 
-    /// Writes the 25 x 3 catalog of `benches/support` into the KCP.
+    /// Writes the 25 x 3 catalog of `catalogsync::fixtures::fleet` into the KCP.
     ///
     /// # Errors
     /// Fails when an object cannot be written.
     pub async fn install_catalog(&self) -> Result<()> {
-        let (mts, mrms) = support::catalog();
+        let (mts, mrms) = testenv::fixtures::fleet::catalog();
         for obj in mts.iter().chain(mrms.iter()) {
             self.apply_catalog_object(obj).await?;
         }
@@ -366,7 +365,7 @@ contexts:
 current-context: skr
 ",
             url = q(&sim.url),
-            ca = common::pki::base64(sim.ca_pem.as_bytes()),
+            ca = testenv::pki::base64(sim.ca_pem.as_bytes()),
             token = q(kyma),
         ))
     }
@@ -426,7 +425,7 @@ current-context: skr
                         .await
                         .with_context(|| format!("failed to write the Secret of {name}"))?;
                     let (beta, internal) = kyma_flags(*i);
-                    let mut labels = support::kyma_labels(beta, internal);
+                    let mut labels = testenv::fixtures::fleet::kyma_labels(beta, internal);
                     labels.insert("kyma-project.io/runtime-id".to_owned(), name.clone());
                     let kyma = json!({
                         "apiVersion": "operator.kyma-project.io/v1beta2", "kind": "Kyma",
@@ -466,7 +465,7 @@ current-context: skr
             "--lease-namespace",
             LEASE_NS,
             "--restricted-modules",
-            support::RESTRICTED_MODULE,
+            testenv::fixtures::fleet::RESTRICTED_MODULE,
             "--http-addr",
             &http_addr,
             "--identity",
@@ -505,7 +504,7 @@ current-context: skr
                 if !replica.process.is_running() {
                     bail!("replica {id} exited; log {}", replica.process.log_path().display());
                 }
-                if matches!(common::fleet::http_get(replica.http_port, "/readyz").await, Ok((200, _))) {
+                if matches!(testenv::http::get_local(replica.http_port, "/readyz").await, Ok((200, _))) {
                     break;
                 }
                 if Instant::now() > deadline {
@@ -562,7 +561,7 @@ current-context: skr
             .arg("--kubeconfig")
             .arg(&self.baseline_kubeconfig)
             .args(["--kcp-namespace", KCP_NS, "--sync-namespace", SYNC_NS])
-            .args(["--restricted-modules", support::RESTRICTED_MODULE])
+            .args(["--restricted-modules", testenv::fixtures::fleet::RESTRICTED_MODULE])
             .args(["--period", &format!("{}s", period.as_secs())])
             .args(["--workers", &workers.to_string(), "--admin", "127.0.0.1:0"]);
         if once {
@@ -577,7 +576,7 @@ current-context: skr
     /// KCP write requests (create, update, patch, delete) by `user` since `since_ms`, split
     /// into Lease writes and all others, from the KCP audit log.
     pub fn kcp_writes(&self, user: &str, since_ms: u64, until_ms: u64) -> (usize, usize) {
-        let events = common::read_audit_log(&self.kcp.audit_log_path()).unwrap_or_default();
+        let events = testenv::read_audit_log(&self.kcp.audit_log_path()).unwrap_or_default();
         let mut leases = 0;
         let mut other = 0;
         for e in events.iter().filter(|e| e.stage == "ResponseComplete" && e.is_write() && e.user.username == user) {
@@ -607,8 +606,8 @@ fn support_plural_mt() -> &'static str {
 /// The sum of metric `name` whose labels contain every fragment, from `127.0.0.1:<port>/metrics`;
 /// 0 when it cannot be read.
 pub async fn metric(port: u16, name: &str, labels: &[&str]) -> f64 {
-    let Ok((_, body)) = common::fleet::http_get(port, "/metrics").await else { return 0.0 };
-    common::fleet::metric_sum(&body, name, labels)
+    let Ok((_, body)) = testenv::http::get_local(port, "/metrics").await else { return 0.0 };
+    testenv::fleet::metric_sum(&body, name, labels)
 }
 
 /// Waits for the first line of `log` that parses as a JSON object.

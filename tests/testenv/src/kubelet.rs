@@ -38,7 +38,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::controlplane::ControlPlane;
-use super::fleet::http_get_at;
+use super::http;
 use super::process::ManagedProcess;
 use super::runner::catalogsync_bin;
 
@@ -144,7 +144,7 @@ impl NodeAgent {
     /// Fails when the agent never ran that pod or the request fails.
     pub async fn http_get(&self, pod: &str, path: &str) -> Result<(u16, String)> {
         let addr = self.run(pod).with_context(|| format!("the node agent never ran pod {pod}"))?.http;
-        http_get_at(addr, path).await
+        http::get(addr, path).await
     }
 
     /// Stops the agent and SIGKILLs what it runs.
@@ -568,7 +568,7 @@ impl Agent {
         let results =
             futures::future::join_all(due.into_iter().map(|(name, liveness, addr, path, timeout)| async move {
                 let ok = matches!(
-                    tokio::time::timeout(timeout, http_get_at(addr, &path)).await,
+                    tokio::time::timeout(timeout, http::get(addr, &path)).await,
                     Ok(Ok((code, _))) if (200..400).contains(&code)
                 );
                 (name, liveness, ok)

@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use catalogsync::catalog::CatalogKind;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::controlplane::ControlPlane;
 use super::process::{TestDir, free_port};
@@ -34,11 +34,7 @@ pub const MRM: &str = "modulereleasemetas";
 
 /// ApiResource of a catalog kind by plural.
 pub fn catalog_resource(plural: &str) -> ApiResource {
-    match plural {
-        MT => ApiResource::erase::<catalogsync::api::ModuleTemplate>(&()),
-        MRM => ApiResource::erase::<catalogsync::api::ModuleReleaseMeta>(&()),
-        other => panic!("not a catalog kind: {other}"),
-    }
+    CatalogKind::from_plural(plural).unwrap_or_else(|| panic!("not a catalog kind: {plural}")).api_resource()
 }
 
 /// A KCP ModuleTemplate body: `<module>-<version>` with a small descriptor and data object.
@@ -338,16 +334,7 @@ impl Scenario {
 
     /// GETs a path of the controller's HTTP server; returns status code and body.
     pub async fn http_get(&self, path: &str) -> Result<(u16, String)> {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.http_port)).await?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
-            .await?;
-        let mut buf = Vec::new();
-        stream.read_to_end(&mut buf).await?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-        Ok((code, body))
+        super::http::get_local(self.http_port, path).await
     }
 
     /// Waits until the controller reports ready.

@@ -39,11 +39,6 @@ use anyhow::{Context as _, Result};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde::Deserialize;
 
-/// Name prefix of shard Leases: `catalogsync-shard-<i>`.
-pub const SHARD_LEASE_PREFIX: &str = "catalogsync-shard-";
-/// Name prefix of member Leases: `catalogsync-member-<identity>`.
-pub const MEMBER_LEASE_PREFIX: &str = "catalogsync-member-";
-
 /// How many violations [`InvariantReport`]'s `Display` lists.
 const SHOWN: usize = 10;
 
@@ -82,12 +77,12 @@ pub struct LeaseWrite {
 impl LeaseWrite {
     /// The shard of a `catalogsync-shard-<i>` Lease.
     pub fn shard(&self) -> Option<u32> {
-        self.name.strip_prefix(SHARD_LEASE_PREFIX)?.parse().ok()
+        catalogsync::api::shard_of_lease_name(&self.name)
     }
 
     /// The identity of a `catalogsync-member-<identity>` Lease.
     pub fn member(&self) -> Option<&str> {
-        self.name.strip_prefix(MEMBER_LEASE_PREFIX).filter(|id| !id.is_empty())
+        catalogsync::api::member_of_lease_name(&self.name)
     }
 
     /// Until when this write keeps the holder alive: `None` when the Lease is released or

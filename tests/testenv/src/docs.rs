@@ -1,10 +1,6 @@
 //! What the repository's docs say, parsed for the tests that hold the code to them: the
 //! metric reference table of `docs/metrics.md`, metric names in any text, the metric families
 //! of a `/metrics` scrape. (The manifests are in [`super::kustomize`].)
-//!
-//! Self-contained (no other harness module), so a light test binary can include just this
-//! file with `#[path = "common/docs.rs"] mod docs;`.
-#![allow(dead_code, clippy::panic)] // Not every test binary uses every helper; test failures panic.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -16,7 +12,7 @@ pub const METRIC_PREFIX: &str = "catalogsync_";
 
 /// A path in the repository.
 pub fn repo_path(relative: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)
+    super::repo_root().join(relative)
 }
 
 /// A file of the repository.

@@ -8,20 +8,26 @@ use anyhow::Result;
 
 use super::process::{ManagedProcess, TestDir};
 
-/// The catalogsync binary: `CARGO_BIN_EXE_catalogsync` in integration tests; otherwise
-/// (the `local-up` example) `catalogsync` next to the running executable's directory
-/// (`target/<profile>/examples/..`), falling back to `target/debug/catalogsync`.
+/// Environment variable naming the catalogsync binary to run, overriding the lookup of
+/// [`catalogsync_bin`].
+pub const CATALOGSYNC_BIN_ENV: &str = "CATALOGSYNC_BIN";
+
+/// The catalogsync binary: `$CATALOGSYNC_BIN` when set; else `catalogsync` in the target
+/// directory of the running executable. That is the executable's own directory for a binary
+/// (`target/<profile>/fleet`) and its parent for a test or an example
+/// (`target/<profile>/deps/sync_e2e-...`, `target/<profile>/examples/...`); `cargo test` builds
+/// the binary before it runs the integration tests.
 pub fn catalogsync_bin() -> PathBuf {
-    if let Some(bin) = option_env!("CARGO_BIN_EXE_catalogsync") {
+    if let Some(bin) = std::env::var_os(CATALOGSYNC_BIN_ENV) {
         return PathBuf::from(bin);
     }
-    let sibling = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent()?.parent().map(|profile_dir| profile_dir.join("catalogsync")));
-    match sibling {
-        Some(bin) if bin.is_file() => bin,
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/debug/catalogsync"),
-    }
+    let exe = std::env::current_exe().ok();
+    let candidates = exe.iter().flat_map(|exe| exe.ancestors().skip(1).take(2)).map(|dir| dir.join("catalogsync"));
+    candidates
+        .clone()
+        .find(|bin| bin.is_file())
+        .or_else(|| candidates.last())
+        .unwrap_or_else(|| PathBuf::from("catalogsync"))
 }
 
 /// A running catalogsync. Killed on drop.

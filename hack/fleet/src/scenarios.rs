@@ -18,7 +18,6 @@ use clap::{Args, ValueEnum};
 
 use crate::bench::{Bench, Dist, ProcSample, Reached, await_marks, await_synced, marks_until, unix_ms};
 use crate::sim::{Faults, MARK_ANNOTATION, SimStats};
-use crate::support;
 
 /// What `fleet run` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -218,13 +217,15 @@ async fn window(bench: &Bench) -> Result<Window> {
 
 /// The MT all Kymas of the bench get (module 1, `regular` channel).
 fn probe_mt() -> String {
-    format!("{}-{}", support::MODULES[1], support::version(1, 0))
+    format!("{}-{}", testenv::fixtures::fleet::MODULES[1], testenv::fixtures::fleet::version(1, 0))
 }
 
 /// The 10 MTs and 1 MRM of a release: the `regular` MT of modules 1..=10 and the MRM of module 11.
 fn release() -> (Vec<String>, String) {
-    let mts = (1..=10).map(|m| format!("{}-{}", support::MODULES[m], support::version(m, 0))).collect();
-    (mts, support::MODULES[11].to_owned())
+    let mts = (1..=10)
+        .map(|m| format!("{}-{}", testenv::fixtures::fleet::MODULES[m], testenv::fixtures::fleet::version(m, 0)))
+        .collect();
+    (mts, testenv::fixtures::fleet::MODULES[11].to_owned())
 }
 
 /// Starts `n` replicas `r0..`, waits until ready and until every Kyma had one successful sync.
@@ -623,7 +624,7 @@ async fn new_module(bench: &Bench, timeout: Duration) -> Result<Vec<String>> {
 
 /// The MT and MRM of a new module `name` (one channel, `regular`).
 fn new_module_objects(name: &str) -> (kube::api::DynamicObject, kube::api::DynamicObject) {
-    let mut mt = support::module_template(1, 0);
+    let mut mt = testenv::fixtures::fleet::module_template(1, 0);
     let version = "1.0.0";
     let mt_name = format!("{name}-{version}");
     mt.metadata.name = Some(mt_name);
@@ -632,7 +633,7 @@ fn new_module_objects(name: &str) -> (kube::api::DynamicObject, kube::api::Dynam
     }
     mt.data["spec"]["moduleName"] = serde_json::json!(name);
     mt.data["spec"]["version"] = serde_json::json!(version);
-    let mut mrm = support::module_release_meta(1);
+    let mut mrm = testenv::fixtures::fleet::module_release_meta(1);
     mrm.metadata.name = Some(name.into());
     mrm.metadata.labels = Some([("operator.kyma-project.io/module-name".to_owned(), name.to_owned())].into());
     mrm.data["spec"]["moduleName"] = serde_json::json!(name);
@@ -836,7 +837,7 @@ async fn steady(args: &RunArgs, bench: &mut Bench) -> Result<Vec<String>> {
     let cpu1 = bench.replica_samples();
     let sim1 = crate::bench::proc_sample(sim_pid)?;
     let w = window(bench).await?;
-    let (lease_writes, other_writes) = bench.kcp_writes(crate::common::CATALOGSYNC_USER, t0, t1);
+    let (lease_writes, other_writes) = bench.kcp_writes(testenv::CATALOGSYNC_USER, t0, t1);
     let cpu: Vec<String> = cpu1
         .iter()
         .map(|(id, s)| f2((s.cpu_seconds - cpu0.get(id).map(|c| c.cpu_seconds).unwrap_or_default()) / 3.0))
@@ -1038,9 +1039,9 @@ async fn calibrate(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -
         let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
             skr.admin_client(),
             crate::bench::SYNC_NS,
-            &kube::api::ApiResource::erase::<catalogsync::api::ModuleTemplate>(&()),
+            &catalogsync::catalog::CatalogKind::ModuleTemplate.api_resource(),
         );
-        crate::common::wait_until(Duration::from_secs(60), "the update in every real SKR", || async {
+        testenv::wait_until(Duration::from_secs(60), "the update in every real SKR", || async {
             api.get_opt(&mt).await.ok().flatten().is_some_and(|o| {
                 o.metadata.annotations.as_ref().and_then(|a| a.get(MARK_ANNOTATION)).map(String::as_str)
                     == Some("calibrate")
@@ -1076,8 +1077,8 @@ async fn calibrate(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -
 
     // Latency probe.
     let real_client =
-        crate::common::client_from_kubeconfig_yaml(&skrs[0].try_kubeconfig_yaml("probe", &["system:masters"])?).await?;
-    let sim_client = crate::common::client_from_kubeconfig_yaml(
+        testenv::client_from_kubeconfig_yaml(&skrs[0].try_kubeconfig_yaml("probe", &["system:masters"])?).await?;
+    let sim_client = testenv::client_from_kubeconfig_yaml(
         &bench.sim_kubeconfig_for(&format!("sim-{}", crate::bench::kyma_name(0)))?,
     )
     .await?;
@@ -1148,8 +1149,8 @@ enum Probe {
 
 /// Times 100 requests of one kind (after 5 warm-up requests); seconds.
 async fn probe(client: &kube::Client, kind: Probe, mt: &str) -> Result<Dist> {
-    use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
-    let ar = ApiResource::erase::<catalogsync::api::ModuleTemplate>(&());
+    use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+    let ar = catalogsync::catalog::CatalogKind::ModuleTemplate.api_resource();
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), crate::bench::SYNC_NS, &ar);
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let current = api.get(mt).await.with_context(|| format!("probe: {mt} in the SKR"))?;
@@ -1179,7 +1180,7 @@ async fn probe(client: &kube::Client, kind: Probe, mt: &str) -> Result<Dist> {
 
 /// Bytes of one list of the SKR's ModuleTemplates, metadata-only or full.
 async fn response_bytes(client: &kube::Client, meta_only: bool) -> Result<usize> {
-    let ar = kube::api::ApiResource::erase::<catalogsync::api::ModuleTemplate>(&());
+    let ar = catalogsync::catalog::CatalogKind::ModuleTemplate.api_resource();
     let api: kube::Api<kube::api::DynamicObject> =
         kube::Api::namespaced_with(client.clone(), crate::bench::SYNC_NS, &ar);
     let request = kube::core::Request::new(api.resource_url());
@@ -1193,7 +1194,7 @@ async fn response_bytes(client: &kube::Client, meta_only: bool) -> Result<usize>
 fn audit_counts(paths: &[PathBuf], from_ms: u64, to_ms: u64) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for path in paths {
-        for e in crate::common::read_audit_log(path).unwrap_or_default() {
+        for e in testenv::read_audit_log(path).unwrap_or_default() {
             if e.stage != "ResponseComplete" || !e.user_agent.as_deref().unwrap_or("").starts_with("catalogsync/") {
                 continue;
             }

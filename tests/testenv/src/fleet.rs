@@ -4,7 +4,7 @@
 //! identity. A replica's KCP traffic can go through a [`TcpProxy`] to cut it off.
 //!
 //! ```ignore
-//! let env = common::env();
+//! let env = testenv::env();
 //! let mut fleet = Fleet::new("shard", &[&env.skr_a, &env.skr_b], 20).await?;
 //! let args = fleet.sharding_args(8);
 //! let flags: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -23,7 +23,6 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use catalogsync::sharding::table::{self, Table};
 use futures::TryStreamExt as _;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::controlplane::ControlPlane;
 use super::invariants::{InvariantInput, InvariantOptions};
@@ -311,7 +310,7 @@ impl Fleet {
     /// # Errors
     /// Fails when there is no such replica or the request fails.
     pub async fn http_get(&self, identity: &str, path: &str) -> Result<(u16, String)> {
-        http_get(self.replica(identity)?.http_port, path).await
+        super::http::get_local(self.replica(identity)?.http_port, path).await
     }
 
     /// Waits until replica `identity` answers `/readyz` with 200.
@@ -404,29 +403,6 @@ pub fn metric_sum(exposition: &str, name: &str, labels: &[&str]) -> f64 {
         .filter(|l| labels.iter().all(|frag| l.contains(frag)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-/// GETs `path` from `127.0.0.1:<port>` with HTTP/1.1; returns status code and body.
-///
-/// # Errors
-/// Fails when the connection or request fails.
-pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    http_get_at(std::net::SocketAddr::from(([127, 0, 0, 1], port)), path).await
-}
-
-/// GETs `path` from `addr` with HTTP/1.1; returns status code and body.
-///
-/// # Errors
-/// Fails when the connection or request fails.
-pub async fn http_get_at(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).await?;
-    let mut buf = Vec::new();
-    stream.read_to_end(&mut buf).await?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Ok((code, body))
 }
 
 impl Fleet {

@@ -315,9 +315,10 @@ pub fn rss_kib(pid: u32) -> Result<(u64, u64)> {
     Ok((field("VmRSS")?, field("VmHWM")?))
 }
 
-/// The repository root (where Cargo.toml is).
+/// The repository root (where the workspace's Cargo.toml is): two levels above this crate.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir.ancestors().nth(2).unwrap_or(manifest_dir).to_path_buf()
 }
 
 /// Path of a Kubernetes test binary: `$<env_var>`, else `$KUBEBUILDER_ASSETS/<name>`.

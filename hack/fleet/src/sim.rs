@@ -54,7 +54,7 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpSocket};
 
 #[allow(unused_imports)] // For the harness driver.
-pub use admin::{SimAdmin, http_request};
+pub use admin::SimAdmin;
 pub use check::{CheckArgs, check};
 
 /// Annotation whose value [`SimAdmin::marks`] tracks: the harness sets it on a KCP
@@ -227,7 +227,7 @@ pub fn ensure_self_signed(dir: &Path) -> Result<TlsFiles> {
         return Ok(files);
     }
     std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
-    let pki = crate::common::pki::Pki::generate("fleet-sim")?;
+    let pki = testenv::pki::Pki::generate("fleet-sim")?;
     for (path, pem) in
         [(&files.ca, &pki.ca_pem), (&files.cert, &pki.serving.cert_pem), (&files.key, &pki.serving.key_pem)]
     {

@@ -5,9 +5,6 @@
 //! Everything lives under one directory (default `~/.cache/catalogsync/local-up`), wiped at
 //! start and kept after exit so logs and audit logs can be read afterwards.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -16,7 +13,7 @@ use catalogsync::api::{BETA_LABEL, INTERNAL_LABEL, KUBECONFIG_KEY, KYMA_NAME_LAB
 use clap::Parser;
 use serde_json::json;
 
-use common::{Catalogsync, ControlPlane, Etcd};
+use testenv::{Catalogsync, ControlPlane, Etcd};
 
 /// Namespace of Kymas, access Secrets and the catalog in the KCP.
 const KCP_NAMESPACE: &str = "kcp-system";
@@ -70,7 +67,7 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     let base = args.dir.clone().unwrap_or_else(default_dir);
     prepare_dir(&base)?;
-    common::process::keep_dirs_quietly();
+    testenv::process::keep_dirs_quietly();
     let started = Instant::now();
 
     let etcd = Etcd::start(Some(&base)).await?;
@@ -87,7 +84,7 @@ async fn main() -> Result<()> {
     let mut controller = if args.no_controller {
         None
     } else {
-        let bin = common::catalogsync_bin();
+        let bin = testenv::catalogsync_bin();
         if !bin.is_file() {
             bail!("{} not found; build it with `cargo build --bin catalogsync`", bin.display());
         }
@@ -137,30 +134,30 @@ fn prepare_dir(dir: &Path) -> Result<()> {
 
 /// CRDs, RBAC, the sample catalog, and a Kyma plus access Secret per SKR.
 async fn setup_kcp(kcp: &ControlPlane, skrs: &[&ControlPlane; 2]) -> Result<()> {
-    let crds = common::install_catalogsync_crds(kcp).await?;
+    let crds = testenv::install_catalogsync_crds(kcp).await?;
     println!("installed CRDs into the KCP: {}", crds.join(", "));
     let client = kcp.admin_client();
     // The RBAC's Role lives in the KCP namespace, which a real KCP already has.
-    common::create_namespace(&client, KCP_NAMESPACE).await?;
-    common::create_namespace(&client, common::CATALOGSYNC_NAMESPACE).await?;
-    let rbac = common::rbac_dir();
+    testenv::create_namespace(&client, KCP_NAMESPACE).await?;
+    testenv::create_namespace(&client, testenv::CATALOGSYNC_NAMESPACE).await?;
+    let rbac = testenv::rbac_dir();
     if rbac.is_dir() {
-        let n = common::apply_yaml_dir(kcp, &rbac).await?;
+        let n = testenv::apply_yaml_dir(kcp, &rbac).await?;
         println!("applied {n} RBAC objects from {}", rbac.display());
     } else {
         println!("WARNING: {} does not exist; binding catalogsync's identity to cluster-admin instead", rbac.display());
-        common::apply_docs(&client, vec![json!({
+        testenv::apply_docs(&client, vec![json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
             "metadata": {"name": "catalogsync-local-up-cluster-admin"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": common::CATALOGSYNC_USER}],
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": testenv::CATALOGSYNC_USER}],
         })])
         .await?;
     }
-    let catalog = common::repo_root().join("hack/sample/catalog.yaml");
+    let catalog = testenv::repo_root().join("hack/sample/catalog.yaml");
     let yaml = std::fs::read_to_string(&catalog).with_context(|| format!("failed to read {}", catalog.display()))?;
-    let n = common::apply_yaml(kcp, &yaml).await?;
+    let n = testenv::apply_yaml(kcp, &yaml).await?;
     println!("applied {n} catalog objects from {}", catalog.display());
 
     let mut docs = Vec::new();
@@ -178,11 +175,11 @@ async fn setup_kcp(kcp: &ControlPlane, skrs: &[&ControlPlane; 2]) -> Result<()> 
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": kyma.name, "namespace": KCP_NAMESPACE, "labels": {KYMA_NAME_LABEL: kyma.name}},
-            "data": {KUBECONFIG_KEY: common::pki::base64(kubeconfig.as_bytes())},
+            "data": {KUBECONFIG_KEY: testenv::pki::base64(kubeconfig.as_bytes())},
         }));
         println!("Kyma {} -> {} ({})", kyma.name, skr.name(), skr.url());
     }
-    common::apply_docs(&client, docs).await?;
+    testenv::apply_docs(&client, docs).await?;
     Ok(())
 }
 
@@ -197,15 +194,15 @@ fn write_kubeconfigs(base: &Path, kcp: &ControlPlane, skrs: &[&ControlPlane; 2])
     let dir = base.join("kubeconfigs");
     std::fs::create_dir_all(&dir).context("failed to create the kubeconfig dir")?;
     let admin = |cp: &ControlPlane| -> Result<PathBuf> {
-        Ok(common::write_kubeconfig(&dir, cp.name(), &cp.try_kubeconfig_yaml("admin", &["system:masters"])?))
+        Ok(testenv::write_kubeconfig(&dir, cp.name(), &cp.try_kubeconfig_yaml("admin", &["system:masters"])?))
     };
     Ok(Kubeconfigs {
         kcp: admin(kcp)?,
         skrs: skrs.iter().map(|s| Ok((s.name().to_owned(), admin(s)?))).collect::<Result<_>>()?,
-        catalogsync: common::write_kubeconfig(
+        catalogsync: testenv::write_kubeconfig(
             &dir,
             "catalogsync",
-            &kcp.try_kubeconfig_yaml(common::CATALOGSYNC_USER, common::CATALOGSYNC_GROUPS)?,
+            &kcp.try_kubeconfig_yaml(testenv::CATALOGSYNC_USER, testenv::CATALOGSYNC_GROUPS)?,
         ),
     })
 }
@@ -218,7 +215,7 @@ fn print_summary(base: &Path, kubeconfigs: &Kubeconfigs, controller: Option<&Cat
     for (name, path) in &kubeconfigs.skrs {
         println!("  {name}: {}", path.display());
     }
-    println!("  catalogsync's identity ({}): {}", common::CATALOGSYNC_USER, kubeconfigs.catalogsync.display());
+    println!("  catalogsync's identity ({}): {}", testenv::CATALOGSYNC_USER, kubeconfigs.catalogsync.display());
     match controller {
         Some(c) => {
             println!("catalogsync: pid {}, log {}", c.pid(), c.log_path().display());
@@ -260,7 +257,7 @@ async fn wait_for_ctrl_c(mut controller: Option<&mut Catalogsync>) {
                     println!(
                         "\ncatalogsync exited by itself ({status}); the clusters keep running until Ctrl-C. Log {}:\n{}",
                         c.log_path().display(),
-                        common::process::log_tail(c.log_path(), 20)
+                        testenv::process::log_tail(c.log_path(), 20)
                     );
                 }
             }

@@ -171,11 +171,11 @@ fn expect_error<T: std::fmt::Debug>(result: kube::Result<T>, code: u16, reason: 
 }
 
 fn mt_resource() -> ApiResource {
-    ApiResource::erase::<ModuleTemplate>(&())
+    catalogsync::catalog::CatalogKind::ModuleTemplate.api_resource()
 }
 
 fn mrm_resource() -> ApiResource {
-    ApiResource::erase::<ModuleReleaseMeta>(&())
+    catalogsync::catalog::CatalogKind::ModuleReleaseMeta.api_resource()
 }
 
 /// An SKR copy as catalogsync renders it, with a descriptor of about `kb` KB.
