@@ -1,7 +1,7 @@
 //! Test fixtures: chainable builders for KCP catalog objects, Kyma label sets, snapshots, and
 //! one realistic, large ModuleTemplate shaped like those lifecycle-manager (KLM) serves.
 //!
-//! Tests should read like the spec, so a catalog is written as
+//! Tests should read like the rules (`docs/catalog-rules.md`), so a catalog is written as
 //!
 //! ```text
 //! let mts = [MtBuilder::new("btp-operator", "1.1.0").beta().build()];

@@ -1,6 +1,6 @@
-//! Test harness: real kube-apiserver and etcd processes (see
-//! `shared/docs/test-environment.md`), a KCP and SKRs for end-to-end tests, and the
-//! catalogsync binary as a child process.
+//! Test harness: real kube-apiserver and etcd processes (built by `hack/k8s-bins.sh`; see
+//! "Prerequisites" in README.md), a KCP and SKRs for end-to-end tests, and the catalogsync
+//! binary as a child process.
 //!
 //! Use it from an integration test as `mod common;`:
 //!
