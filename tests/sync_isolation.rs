@@ -1,6 +1,7 @@
-//! Failure isolation end to end (spec sections 4-6): an unreachable SKR, bad access Secrets,
-//! a rotated Secret, Kymas that must be left alone, and a graceful shutdown, each next to a
-//! healthy Kyma that must keep getting its catalog. Real apiservers, catalogsync as a process.
+//! Failure isolation end to end (docs/catalog-rules.md sections 5 and 6, and "Failure
+//! isolation" in docs/architecture.md): an unreachable SKR, bad access Secrets, a rotated
+//! Secret, Kymas that must be left alone, and a graceful shutdown, each next to a healthy Kyma
+//! that must keep getting its catalog. Real apiservers, catalogsync as a process.
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,5 @@
-//! The desired catalog of one Kyma (pure): spec section 2.
+//! The desired catalog of one Kyma (pure): docs/catalog-rules.md section 2, whose rules
+//! R2.1 to R2.6 are the six steps below.
 //!
 //! 1. Mandatory MRMs and MTs are skipped.
 //! 2. An MT is allowed unless it is beta and the Kyma is not, or internal and the Kyma is not.
@@ -250,8 +251,9 @@ fn desired_for(
     }
 
     for mt in snapshot.templates.values() {
-        // By `<spec.moduleName>-<spec.version>`, not by name (spec section 2.6, as KLM does), so
-        // that catalogsync syncs exactly what KLM synced and a fleet moves over unchanged.
+        // By `<spec.moduleName>-<spec.version>`, not by name (R2.6 in docs/catalog-rules.md, as
+        // KLM does), so that catalogsync syncs exactly what KLM synced and a fleet moves over
+        // unchanged.
         let key = format!("{}-{}", mt.module_name, mt.version);
         if mt.is_allowed_for(kyma_beta, kyma_internal) && wanted_templates.contains(&key) {
             out.templates.insert(

@@ -1,7 +1,8 @@
 //! What to do in one SKR for one kind (pure): compare the desired objects with what the SKR
 //! holds and with what this replica remembers writing there.
 //!
-//! How catalogsync knows a copy already matches without rewriting it (spec section 3):
+//! How catalogsync knows a copy already matches without rewriting it (R3.5 in
+//! docs/catalog-rules.md):
 //!
 //! - **Cold** (first sync of an SKR by this replica, or after any failure): the SKR is listed
 //!   in full and each copy is compared with the desired body

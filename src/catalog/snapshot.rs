@@ -39,7 +39,7 @@ pub struct MtView {
 }
 
 impl MtView {
-    /// Whether a Kyma with these flags may see this version (spec section 2.2).
+    /// Whether a Kyma with these flags may see this version (R2.2 in docs/catalog-rules.md).
     pub fn is_allowed_for(&self, kyma_beta: bool, kyma_internal: bool) -> bool {
         !self.mandatory && (!self.beta || kyma_beta) && (!self.internal || kyma_internal)
     }

@@ -1,8 +1,8 @@
 //! Pure shard placement: which shard a Kyma is in, and which member should hold each shard.
 //!
-//! This module owns two functions and holds no client, no clock and no I/O (STYLE.md
-//! principle 2): the coordinator feeds it the live members and the current holders it read
-//! from the Leases, and writes back what it returns.
+//! This module owns two functions and holds no client, no clock and no I/O (a pure module,
+//! see "Module map" in docs/architecture.md): the coordinator feeds it the live members and
+//! the current holders it read from the Leases, and writes back what it returns.
 //!
 //! - [`shard_of`]: `xxh3_64("<namespace>/<name>") mod S`. xxh3 is specified and unseeded, so
 //!   every replica and every version of the binary maps a Kyma to the same shard.
@@ -28,8 +28,8 @@
 //! # Why
 //!
 //! The cap and the floor give balance: every member ends with `floor` or `cap` shards, so the
-//! busiest holds at most `ceil(S/n)` (sharding.md, "Must hold" 4). Stickiness gives minimal
-//! movement (sharding.md, "Must hold" 3): from a balanced assignment, a member that joins receives
+//! busiest holds at most `ceil(S/n)` (Guarantee 4 in docs/architecture.md). Stickiness gives
+//! minimal movement (Guarantee 3): from a balanced assignment, a member that joins receives
 //! only the shards the others shed above the new cap, then up to the new floor, so only shards
 //! *to the newcomer* move; a member that leaves moves only its own shards, because the survivors
 //! are all at or above their old floor and the new cap has room for them. The ring makes every

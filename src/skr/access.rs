@@ -1,6 +1,7 @@
-//! Finds a Kyma's access Secret and turns its kubeconfig into a client (spec section 1: the
-//! Secret in the Kyma's namespace labelled `operator.kyma-project.io/kyma-name=<kyma>`, data
-//! key `config`; zero or several such Secrets are an error for that Kyma only).
+//! Finds a Kyma's access Secret and turns its kubeconfig into a client (R1.4 in
+//! docs/catalog-rules.md: the Secret in the Kyma's namespace labelled
+//! `operator.kyma-project.io/kyma-name=<kyma>`, data key `config`; zero or several such
+//! Secrets are an error for that Kyma only).
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;

@@ -1,6 +1,6 @@
 //! The lifecycle-manager baseline: a faithful reproduction of KLM's in-loop catalog sync
-//! (`docs/klm-reference.md` sections 0, 2 and 9.2), the reference catalogsync is measured
-//! against.
+//! (described under "The baseline" in `docs/performance.md`; how it differs from catalogsync:
+//! section 7 of `docs/catalog-rules.md`), the reference catalogsync is measured against.
 //!
 //! ```text
 //!  KCP reflectors (Kymas, MTs, MRMs, access Secrets): no KCP request per pass

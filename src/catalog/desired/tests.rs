@@ -1,4 +1,4 @@
-//! The desired-set matrix (spec section 2) and its properties.
+//! The desired-set matrix (docs/catalog-rules.md section 2) and its properties.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -342,14 +342,15 @@ fn templates_are_selected_by_spec_module_and_version_so_a_lookalike_counts_too()
     ];
     let mrms = [MrmBuilder::new("keda").channel("regular", "1.0.0").build()];
     let set = desired_quietly(&mts, &mrms, &kyma_flags(true, true));
-    // Spec section 2.6 (KLM's FilterAllowedModuleTemplates): selection by spec, not by name.
+    // R2.6 in docs/catalog-rules.md (as KLM's FilterAllowedModuleTemplates): selection by spec,
+    // not by name.
     assert_eq!(names(&set.templates), ["keda-1.0.0", "keda-1.0.0-copy"]);
 }
 
 #[test]
 fn channel_survives_by_template_name_but_template_is_selected_by_spec() {
-    // The channel survives because a template *named* keda-1.0.0 exists (section 2.3), but
-    // its spec says 1.0.1, which no channel references (section 2.6): KLM syncs the MRM only.
+    // The channel survives because a template *named* keda-1.0.0 exists (R2.3), but its spec
+    // says 1.0.1, which no channel references (R2.6): KLM syncs the MRM only.
     let mts = [MtBuilder::new("keda", "1.0.1").name("keda-1.0.0").build()];
     let mrms = [MrmBuilder::new("keda").channel("regular", "1.0.0").build()];
     let set = desired_quietly(&mts, &mrms, &kyma_flags(false, false));

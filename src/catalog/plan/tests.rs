@@ -1,5 +1,6 @@
-//! Plans (spec section 3: apply what is missing or differs, prune only managed orphans, write
-//! nothing that is already there), plus the snapshot and render behaviour plans rely on.
+//! Plans (docs/catalog-rules.md section 3: apply what is missing or differs, prune only
+//! managed orphans, write nothing that is already there), plus the snapshot and render
+//! behaviour plans rely on.
 
 use std::sync::Arc;
 

@@ -326,8 +326,8 @@ fn kyma_balance(kymas: u64, shards: u32, n: usize) -> (f64, f64, f64) {
     (ratios[0], ratios.iter().copied().fold(f64::INFINITY, f64::min), ratios.iter().copied().fold(0.0, f64::max))
 }
 
-/// Must hold 4: at 5,000 Kymas over S = 32 shards and 3..=5 members, the busiest member holds
-/// at most 1.15 x the mean Kyma count.
+/// Guarantee 4 (docs/architecture.md): at 5,000 Kymas over S = 32 shards and 3..=5 members,
+/// the busiest member holds at most 1.15 x the mean Kyma count.
 ///
 /// Measured (eprintln below): busiest/mean for the canonical pods is 1.023 (n=3), 1.012 (n=4)
 /// and 1.104 (n=5). The bound is asserted for the canonical pods only: over 20 pod-name sets

@@ -1,6 +1,7 @@
-//! The sharding invariants, checked from audit logs alone (see `shared/docs/sharding.md`,
-//! "Must hold"): the KCP audit log holds every Lease write with its body (the harness logs
-//! Leases at `RequestResponse`), the SKR audit logs hold every write catalogsync sent.
+//! The sharding invariants, checked from audit logs alone (Guarantees 1 and 2 in
+//! docs/architecture.md): the KCP audit log holds every Lease write with its body (the
+//! harness logs Leases at `RequestResponse`), the SKR audit logs hold every write catalogsync
+//! sent.
 //!
 //! - **One writer per SKR.** Every SKR write (create, update, patch, delete,
 //!   deletecollection; successful or not: every write the apiserver received) by replica R

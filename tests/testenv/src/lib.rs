@@ -1,5 +1,6 @@
-//! catalogsync's test environment: real kube-apiserver and etcd processes, a KCP and SKRs for
-//! end-to-end tests, the catalogsync binary as a child process, hostile SKRs, a kubelet node,
+//! catalogsync's test environment: real kube-apiserver and etcd processes and a KCP and SKRs for
+//! end-to-end tests (kube-apiserver and etcd built by `hack/k8s-bins.sh`; see "Prerequisites" in
+//! README.md), the catalogsync binary as a child process, hostile SKRs, a kubelet node,
 //! the invariant checker, and the catalog fixtures (re-exported from `catalogsync::fixtures`).
 //! The integration tests under `tests/`, the benches, `hack/local-up` and the fleet harness
 //! (`hack/fleet`) all use it.
