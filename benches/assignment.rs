@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use catalogsync::sharding::ring::{assign, shard_of};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use testenv::fixtures::runtime_id;
 
 /// The default `--shards`.
 const SHARDS: u32 = 64;
@@ -29,24 +30,6 @@ fn members(n: usize) -> Vec<String> {
         .map(|i| {
             let h = xxhash_rust::xxh3::xxh3_64(format!("member-{i}").as_bytes());
             format!("catalogsync-5d8f7c9b6-{:05x}", h & 0xf_ffff)
-        })
-        .collect()
-}
-
-/// Kyma names as KCP holds them: runtime IDs (UUID-shaped, deterministic).
-fn kyma_names(k: usize) -> Vec<String> {
-    (0..k)
-        .map(|i| {
-            let a = xxhash_rust::xxh3::xxh3_64(&(i as u64).to_le_bytes());
-            let b = xxhash_rust::xxh3::xxh3_64(&a.to_le_bytes());
-            format!(
-                "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
-                a >> 32,
-                (a >> 16) & 0xffff,
-                a & 0xfff,
-                (b >> 48) | 0x8000,
-                b & 0xffff_ffff_ffff
-            )
         })
         .collect()
 }
@@ -78,7 +61,7 @@ fn bench_assign(c: &mut Criterion) {
 }
 
 fn bench_kymas(c: &mut Criterion) {
-    let names = kyma_names(KYMAS);
+    let names: Vec<String> = (0..KYMAS as u64).map(runtime_id).collect();
     let none = BTreeMap::new();
     c.bench_function("shard_of/10000_kymas", |b| b.iter(|| map_kymas(black_box(&names))));
 

@@ -6,27 +6,21 @@
 use std::time::{Duration, Instant};
 
 use catalogsync::sharding::ring::shard_of;
-use catalogsync::sharding::table::{self, Table};
+use catalogsync::sharding::table;
 use testenv::fleet::{Fleet, holders};
-use testenv::invariants::{InvariantOptions, check_invariants};
-use testenv::scenario::{MT, mrm, mt};
+use testenv::scenario::{mrm, mt};
+use testenv::sharded::{CONVERGE, LEASE_DURATION, ShardedFleet};
 
 const SHARDS: u32 = 32;
 const KYMAS: usize = 40;
-const LEASE_DURATION: Duration = Duration::from_secs(6);
-const CONVERGE: Duration = Duration::from_secs(60);
 const PROMPT: Duration = Duration::from_secs(30);
 
 /// The tests of this file run one at a time: each runs several replicas on two cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn fleet(prefix: &str) -> Fleet {
+async fn fleet(prefix: &str) -> ShardedFleet {
     let env = testenv::env();
-    let skr_c = skr_c();
-    let mut f = Fleet::new(prefix, &[&env.skr_a, &env.skr_b, skr_c], KYMAS).await.expect("fleet");
-    f.scenario.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
-    f.base_args.extend(["--drain-timeout", "3s"].map(str::to_owned));
-    f
+    ShardedFleet::new(prefix, &[&env.skr_a, &env.skr_b, skr_c()], KYMAS, SHARDS, PROMPT).await
 }
 
 /// A third SKR control plane, shared by the tests of this file.
@@ -35,43 +29,6 @@ fn skr_c() -> &'static testenv::ControlPlane {
     SKR_C.get_or_init(|| {
         testenv::block_on_own_thread(async { testenv::env().start_extra_skr("skr-c").await }).expect("skr-c")
     })
-}
-
-fn spawn(f: &mut Fleet, identity: &str) {
-    let args = f.sharding_args(SHARDS);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    f.spawn_replica(identity, &args).expect("spawn replica");
-}
-
-/// Waits until every shard is held, as desired, by one of `replicas`, within the cap.
-async fn await_converged(f: &Fleet, replicas: &[&str]) -> Table {
-    f.await_converged(replicas, SHARDS, CONVERGE).await
-}
-
-/// Waits until every SKR holds `mt_name` in the fleet's sync namespace.
-async fn await_everywhere(f: &Fleet, mt_name: &str) {
-    let env = testenv::env();
-    for skr in [&env.skr_a, &env.skr_b, skr_c()] {
-        testenv::await_condition(PROMPT, &format!("{mt_name} in {}", skr.name()), || async {
-            f.scenario.skr_names(skr, MT).await.contains(mt_name)
-        })
-        .await;
-    }
-}
-
-async fn await_all_synced(f: &Fleet) {
-    for k in &f.kymas {
-        f.scenario.await_condition(&k.name, "True", "CatalogSynced", CONVERGE).await;
-    }
-}
-
-fn check(f: &Fleet, member_liveness: bool) -> testenv::invariants::InvariantReport {
-    let options = InvariantOptions { lease_namespace: Some(f.ns().to_owned()), member_liveness, ..Default::default() };
-    let report =
-        check_invariants(&f.invariant_input(|ns, name| shard_of(ns, name, SHARDS), options)).expect("invariants");
-    eprintln!("{report}");
-    report.assert_no_double_writer();
-    report
 }
 
 async fn handovers_within(f: &Fleet, replicas: &[&str], bound: &str) -> (f64, f64) {
@@ -89,18 +46,18 @@ async fn three_replicas_converge_and_each_skr_has_one_writer() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("shard3").await;
     for r in ["r1", "r2", "r3"] {
-        spawn(&mut f, r);
+        f.spawn(r);
     }
-    let t = await_converged(&f, &["r1", "r2", "r3"]).await;
-    await_all_synced(&f).await;
+    let t = f.await_converged(&["r1", "r2", "r3"]).await;
+    f.await_all_synced().await;
     eprintln!("{}", table::render(&t));
     f.scenario
         .apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])])
         .await
         .expect("change");
-    await_everywhere(&f, "keda-1.1.0").await;
+    f.await_everywhere("keda-1.1.0").await;
 
-    let report = check(&f, true);
+    let report = f.check(true);
     // Every Kyma's SKR identity was written only by the replica holding its shard (a Kyma
     // whose SKR another Kyma had already brought up to date needed no write at all).
     let h = holders(&t);
@@ -123,23 +80,23 @@ async fn scale_out_and_in_moves_only_the_moved_shards() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("scale").await;
     for r in ["r1", "r2", "r3"] {
-        spawn(&mut f, r);
+        f.spawn(r);
     }
-    let three = holders(&await_converged(&f, &["r1", "r2", "r3"]).await);
-    await_all_synced(&f).await;
+    let three = holders(&f.await_converged(&["r1", "r2", "r3"]).await);
+    f.await_all_synced().await;
 
     // 3 -> 4: only shards going to the new replica move; a change made meanwhile arrives.
-    spawn(&mut f, "r4");
+    f.spawn("r4");
     f.scenario
         .apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])])
         .await
         .expect("change");
-    let four = holders(&await_converged(&f, &["r1", "r2", "r3", "r4"]).await);
+    let four = holders(&f.await_converged(&["r1", "r2", "r3", "r4"]).await);
     let moved_out: Vec<u32> = (0..SHARDS).filter(|s| three[s] != four[s]).collect();
     assert!(moved_out.iter().all(|s| four[s] == "r4"), "shards moved between staying replicas: {moved_out:?}");
     let bound = (1.1 * f64::from(SHARDS) / 4.0).ceil() as usize;
     assert!(moved_out.len() <= bound, "3 -> 4 moved {} shards, bound {bound}", moved_out.len());
-    await_everywhere(&f, "keda-1.1.0").await;
+    f.await_everywhere("keda-1.1.0").await;
 
     // 4 -> 3 by SIGTERM: the leaving replica hands over at once, exits 0.
     let started = Instant::now();
@@ -149,13 +106,13 @@ async fn scale_out_and_in_moves_only_the_moved_shards() {
         .apply_catalog(&[mt("keda", "1.2.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.2.0")])])
         .await
         .expect("change");
-    let back = holders(&await_converged(&f, &["r1", "r2", "r3"]).await);
+    let back = holders(&f.await_converged(&["r1", "r2", "r3"]).await);
     let scale_in = started.elapsed();
     let moved_in: Vec<u32> = (0..SHARDS).filter(|s| four[s] != back[s]).collect();
     assert!(moved_in.iter().all(|s| four[s] == "r4"), "shards moved between staying replicas: {moved_in:?}");
-    await_everywhere(&f, "keda-1.2.0").await;
+    f.await_everywhere("keda-1.2.0").await;
     let (total, within) = handovers_within(&f, &["r1", "r2", "r3"], "2").await;
-    let report = check(&f, true);
+    let report = f.check(true);
     // A graceful handover, from the old holder's release to the new holder's claim, read from
     // the Lease history. (The metric also counts the drain before the release, which waits
     // for in-flight syncs and so depends on the machine's load: reported, not asserted.)
@@ -197,13 +154,13 @@ async fn killed_replica_is_taken_over_within_the_lease_duration() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("kill").await;
     for r in ["r1", "r2", "r3"] {
-        spawn(&mut f, r);
+        f.spawn(r);
     }
-    let before = holders(&await_converged(&f, &["r1", "r2", "r3"]).await);
-    await_all_synced(&f).await;
+    let before = holders(&f.await_converged(&["r1", "r2", "r3"]).await);
+    f.await_all_synced().await;
     let killed = Instant::now();
     f.kill("r2");
-    let after = holders(&await_converged(&f, &["r1", "r3"]).await);
+    let after = holders(&f.await_converged(&["r1", "r3"]).await);
     let failover = killed.elapsed();
     eprintln!("failover after SIGKILL: {:.1}s", failover.as_secs_f64());
     assert!(failover <= LEASE_DURATION + Duration::from_secs(5), "takeover took {failover:?}");
@@ -216,8 +173,8 @@ async fn killed_replica_is_taken_over_within_the_lease_duration() {
         .apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])])
         .await
         .expect("change");
-    await_everywhere(&f, "keda-1.1.0").await;
-    check(&f, true);
+    f.await_everywhere("keda-1.1.0").await;
+    f.check(true);
 }
 
 #[tokio::test]
@@ -225,9 +182,9 @@ async fn new_coordinator_moves_nothing_well_placed() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("coord").await;
     for r in ["r1", "r2", "r3"] {
-        spawn(&mut f, r);
+        f.spawn(r);
     }
-    let t = await_converged(&f, &["r1", "r2", "r3"]).await;
+    let t = f.await_converged(&["r1", "r2", "r3"]).await;
     let coordinator = t.coordinator.clone();
     assert!(["r1", "r2", "r3"].contains(&coordinator.as_str()), "coordinator {coordinator:?}");
     let before = holders(&t);
@@ -237,7 +194,7 @@ async fn new_coordinator_moves_nothing_well_placed() {
         assignments_before += f.metric(r, "catalogsync_shard_assignments_total", &[]).await;
     }
     f.kill(&coordinator);
-    let after = await_converged(&f, &rest).await;
+    let after = f.await_converged(&rest).await;
     assert!(rest.contains(&after.coordinator.as_str()), "no new coordinator: {:?}", after.coordinator);
     let after = holders(&after);
     let moved: Vec<u32> = (0..SHARDS).filter(|s| before[s] != after[s]).collect();
@@ -254,20 +211,20 @@ async fn new_coordinator_moves_nothing_well_placed() {
         "the new coordinator wrote {new_assignments} assignments for {} moved shards",
         moved.len()
     );
-    check(&f, true);
+    f.check(true);
 }
 
 #[tokio::test]
 async fn replica_cut_from_the_kcp_fences_itself_before_its_shards_move() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("cut").await;
-    spawn(&mut f, "r1");
-    spawn(&mut f, "r2");
+    f.spawn("r1");
+    f.spawn("r2");
     let args = f.sharding_args(SHARDS);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     f.spawn_replica_via_proxy("r3", &args).expect("r3 via proxy");
-    await_converged(&f, &["r1", "r2", "r3"]).await;
-    await_all_synced(&f).await;
+    f.await_converged(&["r1", "r2", "r3"]).await;
+    f.await_all_synced().await;
 
     f.proxy("r3").expect("proxy").cut();
     let cut = Instant::now();
@@ -276,17 +233,17 @@ async fn replica_cut_from_the_kcp_fences_itself_before_its_shards_move() {
         .apply_catalog(&[mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])])
         .await
         .expect("change");
-    await_converged(&f, &["r1", "r2"]).await;
+    f.await_converged(&["r1", "r2"]).await;
     eprintln!("shards of the cut replica moved after {:.1}s", cut.elapsed().as_secs_f64());
-    await_everywhere(&f, "keda-1.1.0").await;
+    f.await_everywhere("keda-1.1.0").await;
     testenv::await_condition(PROMPT, "r3 reports itself fenced", || async {
         f.metric("r3", "catalogsync_member_fenced", &[]).await == 1.0
     })
     .await;
 
     f.proxy("r3").expect("proxy").heal();
-    await_converged(&f, &["r1", "r2", "r3"]).await;
-    let report = check(&f, true);
+    f.await_converged(&["r1", "r2", "r3"]).await;
+    let report = f.check(true);
     eprintln!("longest unowned window: {:?}", report.longest_unowned);
 }
 
@@ -295,16 +252,16 @@ async fn rolling_restart_loses_no_catalog_change() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("roll").await;
     for r in ["a1", "a2", "a3"] {
-        spawn(&mut f, r);
+        f.spawn(r);
     }
-    await_converged(&f, &["a1", "a2", "a3"]).await;
-    await_all_synced(&f).await;
+    f.await_converged(&["a1", "a2", "a3"]).await;
+    f.await_all_synced().await;
     // Like a Deployment rollout: each old pod is replaced by a new one with a new name,
     // while the catalog keeps changing.
     let steps = [("a1", "b1", "1.1.0"), ("a2", "b2", "1.2.0"), ("a3", "b3", "1.3.0")];
     let mut live = vec!["a1", "a2", "a3"];
     for (old, new, version) in steps {
-        spawn(&mut f, new);
+        f.spawn(new);
         let status = f.terminate(old).await.expect("terminate");
         assert!(status.success(), "{old} exited with {status}");
         f.scenario
@@ -313,11 +270,11 @@ async fn rolling_restart_loses_no_catalog_change() {
             .expect("change");
         live.retain(|r| *r != old);
         live.push(new);
-        await_converged(&f, &live).await;
+        f.await_converged(&live).await;
     }
-    await_everywhere(&f, "keda-1.3.0").await;
+    f.await_everywhere("keda-1.3.0").await;
     for k in &f.kymas {
         f.scenario.await_condition(&k.name, "True", "CatalogSynced", CONVERGE).await;
     }
-    check(&f, true);
+    f.check(true);
 }

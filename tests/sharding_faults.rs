@@ -9,94 +9,31 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use catalogsync::api::{CONFIG_LEASE, member_lease_name, shard_lease_name};
-use catalogsync::sharding::ring::shard_of;
-use catalogsync::sharding::table::Table;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
-use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use testenv::fleet::{Fleet, holders};
-use testenv::invariants::{InvariantOptions, SkrWrite, check_invariants, overlapping_writers, read_skr_writes};
-use testenv::scenario::{MT, mrm, mt};
+use testenv::invariants::{InvariantOptions, SkrWrite, overlapping_writers, read_skr_writes};
+use testenv::scenario::{mrm, mt};
+use testenv::sharded::{CONVERGE, LEASE_DURATION, ShardedFleet};
 
 const SHARDS: u32 = 8;
 const KYMAS: usize = 16;
-const LEASE_DURATION: Duration = Duration::from_secs(6);
-const CONVERGE: Duration = Duration::from_secs(60);
 const PROMPT: Duration = Duration::from_secs(40);
 
 /// The tests of this file run one at a time: each runs several replicas on two cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn fleet(prefix: &str) -> Fleet {
+async fn fleet(prefix: &str) -> ShardedFleet {
     let env = testenv::env();
-    let mut f = Fleet::new(prefix, &[&env.skr_a, &env.skr_b], KYMAS).await.expect("fleet");
-    f.scenario.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
-    f.base_args.extend(["--drain-timeout", "3s"].map(str::to_owned));
-    f
+    ShardedFleet::new(prefix, &[&env.skr_a, &env.skr_b], KYMAS, SHARDS, PROMPT).await
 }
 
-fn args(f: &Fleet) -> Vec<String> {
-    f.sharding_args(SHARDS)
-}
-
-fn spawn(f: &mut Fleet, identity: &str) {
-    let args = args(f);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    f.spawn_replica(identity, &args).expect("spawn replica");
-}
-
-async fn read_table(f: &Fleet) -> Table {
-    f.shard_table().await.expect("read shard table")
-}
-
-/// Waits until every shard is held, as desired, by one of `replicas`, within the cap.
-async fn await_converged(f: &Fleet, replicas: &[&str]) -> Table {
-    f.await_converged(replicas, SHARDS, CONVERGE).await
-}
-
-/// Applies a new keda version and waits until both SKRs hold it; returns how long it took.
-async fn release_everywhere(f: &Fleet, version: &str) -> Duration {
-    let env = testenv::env();
-    let started = Instant::now();
-    let name = format!("keda-{version}");
-    f.scenario
-        .apply_catalog(&[mt("keda", version), mrm("keda", &[("regular", version)])])
-        .await
-        .expect("catalog change");
-    for skr in [&env.skr_a, &env.skr_b] {
-        testenv::await_condition(PROMPT, &format!("{name} in {}", skr.name()), || async {
-            f.scenario.skr_names(skr, MT).await.contains(&name)
-        })
-        .await;
-    }
-    started.elapsed()
-}
-
-async fn await_all_synced(f: &Fleet) {
-    for k in &f.kymas {
-        f.scenario.await_condition(&k.name, "True", "CatalogSynced", CONVERGE).await;
-    }
-}
-
-fn check(f: &Fleet) -> testenv::invariants::InvariantReport {
-    let options = InvariantOptions { lease_namespace: Some(f.ns().to_owned()), ..Default::default() };
-    let report =
-        check_invariants(&f.invariant_input(|ns, name| shard_of(ns, name, SHARDS), options)).expect("invariants");
-    eprintln!("{report}");
-    report.assert_no_double_writer();
+/// [`ShardedFleet::check`], and no shard unowned for longer than a takeover takes.
+fn check(f: &ShardedFleet) -> testenv::invariants::InvariantReport {
+    let report = f.check(false);
     let bound = LEASE_DURATION + Duration::from_secs(5);
     assert!(report.longest_unowned <= bound, "a shard was unowned for {:?} (bound {bound:?})", report.longest_unowned);
     report
-}
-
-/// Sum of a metric over replicas.
-async fn metric_sum(f: &Fleet, replicas: &[&str], name: &str) -> f64 {
-    let mut total = 0.0;
-    for r in replicas {
-        total += f.metric(r, name, &[]).await;
-    }
-    total
 }
 
 /// Waits until replica `key` reports through the gauge `metric` that it is kept out, and
@@ -111,21 +48,17 @@ async fn await_kept_out(f: &Fleet, key: &str, metric: &str, why: &str) {
     assert!(f.log(key).contains(why), "the log of {key} does not say: {why}");
 }
 
-fn leases(f: &Fleet) -> Api<Lease> {
-    Api::namespaced(f.scenario.kcp.clone(), f.ns())
-}
-
 /// A second process with the identity of a running replica stays fenced and not ready,
 /// writes nothing while the first runs, and takes over only after the first is gone.
 #[tokio::test]
 async fn two_processes_with_one_identity_never_write_together() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("twin").await;
-    spawn(&mut f, "r1");
-    await_converged(&f, &["r1"]).await;
-    await_all_synced(&f).await;
+    f.spawn("r1");
+    f.await_converged(&["r1"]).await;
+    f.await_all_synced().await;
 
-    let args = args(&f);
+    let args = f.args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     f.spawn_replica_as("r1-twin", "r1", &args, &[]).expect("spawn the twin");
     await_kept_out(
@@ -135,7 +68,7 @@ async fn two_processes_with_one_identity_never_write_together() {
         "Another process renews the member Lease of this identity",
     )
     .await;
-    let took = release_everywhere(&f, "1.1.0").await;
+    let took = f.release_everywhere("1.1.0").await;
     eprintln!("a release with the twin running reached every SKR in {:.1}s", took.as_secs_f64());
     assert_eq!(
         f.metric("r1", "catalogsync_member_identity_conflict", &[]).await,
@@ -147,10 +80,10 @@ async fn two_processes_with_one_identity_never_write_together() {
     // a lease duration, and waits out the old process's requests before writing.
     let killed = Instant::now();
     f.kill("r1");
-    let took = release_everywhere(&f, "1.2.0").await;
+    let took = f.release_everywhere("1.2.0").await;
     eprintln!("after the first process was killed, a release reached every SKR in {:.1}s", took.as_secs_f64());
     assert!(killed.elapsed() >= LEASE_DURATION, "the twin cannot have taken over before a lease duration");
-    await_converged(&f, &["r1"]).await;
+    f.await_converged(&["r1"]).await;
     assert_eq!(f.metric("r1-twin", "catalogsync_member_identity_conflict", &[]).await, 0.0);
 
     // The two processes share an identity, so the checker sees one replica; the SKR audit
@@ -184,24 +117,24 @@ async fn a_member_lease_deleted_by_hand_moves_nothing() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("member-del").await;
     for r in ["r1", "r2"] {
-        spawn(&mut f, r);
+        f.spawn(r);
     }
-    let before = holders(&await_converged(&f, &["r1", "r2"]).await);
-    await_all_synced(&f).await;
-    let forced = metric_sum(&f, &["r1", "r2"], "catalogsync_shard_forced_takeovers_total").await;
+    let before = holders(&f.await_converged(&["r1", "r2"]).await);
+    f.await_all_synced().await;
+    let forced = f.metric_sum(&["r1", "r2"], "catalogsync_shard_forced_takeovers_total").await;
 
     for round in 0..3 {
-        leases(&f).delete(&member_lease_name("r1"), &DeleteParams::default()).await.expect("delete member Lease");
+        f.leases().delete(&member_lease_name("r1"), &DeleteParams::default()).await.expect("delete member Lease");
         tokio::time::sleep(LEASE_DURATION / 2).await;
         eprintln!("round {round}: member Lease of r1 deleted");
     }
-    let took = release_everywhere(&f, "1.1.0").await;
+    let took = f.release_everywhere("1.1.0").await;
     eprintln!("a release during the deletions reached every SKR in {:.1}s", took.as_secs_f64());
     tokio::time::sleep(LEASE_DURATION * 2).await;
 
-    let after = holders(&read_table(&f).await);
+    let after = holders(&f.table().await);
     assert_eq!(before, after, "shards moved after member Lease deletions");
-    let forced_after = metric_sum(&f, &["r1", "r2"], "catalogsync_shard_forced_takeovers_total").await;
+    let forced_after = f.metric_sum(&["r1", "r2"], "catalogsync_shard_forced_takeovers_total").await;
     assert_eq!(forced_after, forced, "a shard was force-released");
     check(&f);
 }
@@ -214,14 +147,14 @@ async fn shard_leases_edited_by_hand_keep_one_writer() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("shard-edit").await;
     for r in ["r1", "r2"] {
-        spawn(&mut f, r);
+        f.spawn(r);
     }
-    let t = await_converged(&f, &["r1", "r2"]).await;
-    await_all_synced(&f).await;
+    let t = f.await_converged(&["r1", "r2"]).await;
+    f.await_all_synced().await;
     let of_r1: Vec<u32> = t.rows.iter().filter(|r| r.holder == "r1").map(|r| r.shard).collect();
     assert!(of_r1.len() >= 3, "r1 holds {of_r1:?}");
     let (handed, deleted, unheld) = (of_r1[0], of_r1[1], of_r1[2]);
-    let api = leases(&f);
+    let api = f.leases();
     let name = shard_lease_name;
 
     // A release in flight while the Leases are edited keeps the holders busy writing.
@@ -232,11 +165,11 @@ async fn shard_leases_edited_by_hand_keep_one_writer() {
     api.patch(&name(unheld), &PatchParams::default(), &merge("")).await.expect("release a shard by hand");
     let edited = Instant::now();
 
-    let took = release_everywhere(&f, "1.2.0").await;
+    let took = f.release_everywhere("1.2.0").await;
     eprintln!("a release after the edits reached every SKR in {:.1}s", took.as_secs_f64());
-    await_converged(&f, &["r1", "r2"]).await;
+    f.await_converged(&["r1", "r2"]).await;
     eprintln!("all shards held again {:.1}s after the edits", edited.elapsed().as_secs_f64());
-    await_all_synced(&f).await;
+    f.await_all_synced().await;
     let report = check(&f);
     eprintln!("longest unowned window: {:.1}s", report.longest_unowned.as_secs_f64());
 }
@@ -248,27 +181,27 @@ async fn a_skewed_clock_forces_no_takeover() {
     let _serial = SERIAL.lock().await;
     let faketime = testenv::process::libfaketime().expect("libfaketime (hack/test.sh installs it)");
     let mut f = fleet("skew").await;
-    let args = args(&f);
+    let args = f.args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let preload = faketime.display().to_string();
     let skewed = [("LD_PRELOAD", preload.as_str()), ("FAKETIME", "+120"), ("DONT_FAKE_MONOTONIC", "1")];
     f.spawn_replica_as("ahead", "ahead", &args, &skewed).expect("spawn the skewed replica");
-    spawn(&mut f, "r2");
-    let before = holders(&await_converged(&f, &["ahead", "r2"]).await);
-    await_all_synced(&f).await;
+    f.spawn("r2");
+    let before = holders(&f.await_converged(&["ahead", "r2"]).await);
+    f.await_all_synced().await;
     // The skew is real: the replica writes renew times two minutes ahead of the KCP's clock.
-    let member = leases(&f).get(&member_lease_name("ahead")).await.expect("member Lease of the skewed replica");
+    let member = f.leases().get(&member_lease_name("ahead")).await.expect("member Lease of the skewed replica");
     let renewed = member.spec.and_then(|s| s.renew_time).expect("a renew time").0;
     let ahead = renewed.duration_since(Timestamp::now()).as_secs_f64();
     assert!(ahead > 100.0, "libfaketime did not move the replica's clock: its renew time is {ahead:.0}s ahead");
-    let took = release_everywhere(&f, "1.1.0").await;
+    let took = f.release_everywhere("1.1.0").await;
     eprintln!("a release with a skewed replica reached every SKR in {:.1}s", took.as_secs_f64());
     tokio::time::sleep(LEASE_DURATION * 3).await;
 
-    assert_eq!(holders(&read_table(&f).await), before, "shards moved");
-    let forced = metric_sum(&f, &["ahead", "r2"], "catalogsync_shard_forced_takeovers_total").await;
+    assert_eq!(holders(&f.table().await), before, "shards moved");
+    let forced = f.metric_sum(&["ahead", "r2"], "catalogsync_shard_forced_takeovers_total").await;
     assert_eq!(forced, 0.0, "a live replica's shards were force-released");
-    let coordinators = metric_sum(&f, &["ahead", "r2"], "catalogsync_is_coordinator").await;
+    let coordinators = f.metric_sum(&["ahead", "r2"], "catalogsync_is_coordinator").await;
     assert_eq!(coordinators, 1.0, "exactly one coordinator");
     check(&f);
 }
@@ -279,14 +212,14 @@ async fn a_skewed_clock_forces_no_takeover() {
 async fn a_kcp_outage_of_every_replica_moves_no_shard() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("outage").await;
-    let args = args(&f);
+    let args = f.args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     for r in ["r1", "r2", "r3"] {
         f.spawn_replica_via_proxy(r, &args).expect("spawn via proxy");
     }
-    let before = holders(&await_converged(&f, &["r1", "r2", "r3"]).await);
-    await_all_synced(&f).await;
-    let assignments = metric_sum(&f, &["r1", "r2", "r3"], "catalogsync_shard_assignments_total").await;
+    let before = holders(&f.await_converged(&["r1", "r2", "r3"]).await);
+    f.await_all_synced().await;
+    let assignments = f.metric_sum(&["r1", "r2", "r3"], "catalogsync_shard_assignments_total").await;
 
     for r in ["r1", "r2", "r3"] {
         f.proxy(r).expect("proxy").cut();
@@ -306,11 +239,11 @@ async fn a_kcp_outage_of_every_replica_moves_no_shard() {
     }
     eprintln!("KCP cut for {:.1}s, healed", cut.elapsed().as_secs_f64());
 
-    let took = release_everywhere(&f, "1.1.0").await;
+    let took = f.release_everywhere("1.1.0").await;
     eprintln!("a release after the outage reached every SKR in {:.1}s", took.as_secs_f64());
-    let after = holders(&await_converged(&f, &["r1", "r2", "r3"]).await);
+    let after = holders(&f.await_converged(&["r1", "r2", "r3"]).await);
     let moved = before.iter().filter(|(s, h)| after.get(s) != Some(h)).count();
-    let assigned = metric_sum(&f, &["r1", "r2", "r3"], "catalogsync_shard_assignments_total").await - assignments;
+    let assigned = f.metric_sum(&["r1", "r2", "r3"], "catalogsync_shard_assignments_total").await - assignments;
     eprintln!("after the outage: {moved} shards moved, {assigned} assignments");
     assert_eq!(moved, 0, "shards moved: before {before:?}, after {after:?}");
     assert_eq!(assigned, 0.0, "the coordinator reassigned shards after the outage");
@@ -326,14 +259,14 @@ async fn a_kcp_outage_of_every_replica_moves_no_shard() {
 async fn a_stalled_kcp_hangs_no_loop() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("stall").await;
-    let mut args = args(&f);
+    let mut args = f.args();
     args.extend(["--kcp-request-timeout", "1s"].map(str::to_owned));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     for r in ["r1", "r2"] {
         f.spawn_replica_via_proxy(r, &args).expect("spawn via proxy");
     }
-    await_converged(&f, &["r1", "r2"]).await;
-    await_all_synced(&f).await;
+    f.await_converged(&["r1", "r2"]).await;
+    f.await_all_synced().await;
 
     // One replica stalled: it fences itself, keeps renewing in vain, and is not ready.
     let errors = f.metric("r2", "catalogsync_member_renewals_total", &["result=\"error\""]).await;
@@ -350,18 +283,18 @@ async fn a_stalled_kcp_hangs_no_loop() {
     assert_eq!(code, 503, "a fenced replica is not ready");
     let (code, body) = f.http_get("r2", "/livez").await.expect("livez");
     assert_eq!(code, 200, "a stalled KCP must not make the replica restart: {body}");
-    await_converged(&f, &["r1"]).await;
-    let took = release_everywhere(&f, "1.1.0").await;
+    f.await_converged(&["r1"]).await;
+    let took = f.release_everywhere("1.1.0").await;
     eprintln!("with r2 stalled, a release reached every SKR in {:.1}s", took.as_secs_f64());
     f.proxy("r2").expect("proxy").heal();
     testenv::await_condition(PROMPT, "r2 to be ready again", || async {
         matches!(f.http_get("r2", "/readyz").await, Ok((200, _)))
     })
     .await;
-    await_converged(&f, &["r1", "r2"]).await;
+    f.await_converged(&["r1", "r2"]).await;
 
     // Everyone stalled, then healed: nothing moves.
-    let before = holders(&read_table(&f).await);
+    let before = holders(&f.table().await);
     for r in ["r1", "r2"] {
         f.proxy(r).expect("proxy").stall();
     }
@@ -374,9 +307,9 @@ async fn a_stalled_kcp_hangs_no_loop() {
     for r in ["r1", "r2"] {
         f.proxy(r).expect("proxy").heal();
     }
-    let took = release_everywhere(&f, "1.2.0").await;
+    let took = f.release_everywhere("1.2.0").await;
     eprintln!("after the whole KCP stalled, a release reached every SKR in {:.1}s", took.as_secs_f64());
-    let after = holders(&await_converged(&f, &["r1", "r2"]).await);
+    let after = holders(&f.await_converged(&["r1", "r2"]).await);
     let moved = before.iter().filter(|(s, h)| after.get(s) != Some(h)).count();
     eprintln!("shards moved by the stall of both: {moved}");
     assert_eq!(moved, 0, "shards moved: before {before:?}, after {after:?}");
@@ -411,10 +344,10 @@ async fn changing_the_shard_count_never_has_two_writers() {
     let _serial = SERIAL.lock().await;
     let mut f = fleet("reshard").await;
     for r in ["r1", "r2"] {
-        spawn(&mut f, r);
+        f.spawn(r);
     }
-    await_converged(&f, &["r1", "r2"]).await;
-    await_all_synced(&f).await;
+    f.await_converged(&["r1", "r2"]).await;
+    f.await_all_synced().await;
 
     // A replica with another --shards (a rolling update that changes it) stays out.
     let four = f.sharding_args(4);
@@ -427,14 +360,14 @@ async fn changing_the_shard_count_never_has_two_writers() {
         "differs from the shard count recorded in the config Lease",
     )
     .await;
-    let took = release_everywhere(&f, "1.1.0").await;
+    let took = f.release_everywhere("1.1.0").await;
     eprintln!("with a mismatched replica running, a release reached every SKR in {:.1}s", took.as_secs_f64());
 
     // The procedure: record the new count; the old replicas fence themselves, the new one
     // takes over once their member Leases count as expired.
     let changed = Instant::now();
     let patch = serde_json::json!({"metadata": {"annotations": {"catalogsync.kyma-project.io/shards": "4"}}});
-    leases(&f).patch(CONFIG_LEASE, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("record 4");
+    f.leases().patch(CONFIG_LEASE, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("record 4");
     for r in ["r1", "r2"] {
         testenv::await_condition(PROMPT, &format!("{r} to fence itself"), || async {
             f.metric(r, "catalogsync_member_fenced", &[]).await == 1.0
@@ -447,9 +380,9 @@ async fn changing_the_shard_count_never_has_two_writers() {
     })
     .await;
     eprintln!("the new shard count took over {:.1}s after it was recorded", changed.elapsed().as_secs_f64());
-    let took = release_everywhere(&f, "1.2.0").await;
+    let took = f.release_everywhere("1.2.0").await;
     eprintln!("after the change, a release reached every SKR in {:.1}s", took.as_secs_f64());
-    await_all_synced(&f).await;
+    f.await_all_synced().await;
     for r in ["r1", "r2"] {
         let status = f.terminate(r).await.expect("terminate an old replica");
         assert!(status.success(), "{r} exited with {status}");

@@ -3,6 +3,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 
 use super::*;
+use crate::fixtures::runtime_id;
 
 /// Pod-like member identities, as a Deployment names its replicas.
 const PODS: [&str; 16] = [
@@ -285,27 +286,13 @@ fn movement_table_stays_within_bounds() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// A Kyma name as KLM creates them: a UUID, derived here from `i` so the test is reproducible.
-fn kyma_name(i: u64) -> String {
-    let a = xxh3_64(&i.to_le_bytes());
-    let b = xxh3_64(&a.to_le_bytes());
-    format!(
-        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
-        a >> 32,
-        (a >> 16) & 0xffff,
-        a & 0xfff,
-        (b >> 48) | 0x8000,
-        b & 0xffff_ffff_ffff
-    )
-}
-
 /// Busiest member's Kyma count over the mean, at `kymas` Kymas over `shards` shards and `n`
 /// members, for the canonical pods and for 19 other pod-name sets (another ReplicaSet hash):
 /// (canonical, best, worst).
 fn kyma_balance(kymas: u64, shards: u32, n: usize) -> (f64, f64, f64) {
     let mut per_shard = vec![0u64; shards as usize];
     for i in 0..kymas {
-        per_shard[shard_of("kcp-system", &kyma_name(i), shards) as usize] += 1;
+        per_shard[shard_of("kcp-system", &runtime_id(i), shards) as usize] += 1;
     }
     let mean = kymas as f64 / n as f64;
     let ratios: Vec<f64> = (0..20u64)
@@ -358,7 +345,7 @@ fn shard_of_spreads_10000_names_within_25_percent() {
     const SHARDS: u32 = 32;
     let mut per_shard = vec![0u64; SHARDS as usize];
     for i in 0..NAMES {
-        per_shard[shard_of("kcp-system", &kyma_name(i), SHARDS) as usize] += 1;
+        per_shard[shard_of("kcp-system", &runtime_id(i), SHARDS) as usize] += 1;
     }
     let mean = NAMES as f64 / f64::from(SHARDS);
     let (min, max) = (*per_shard.iter().min().unwrap(), *per_shard.iter().max().unwrap());

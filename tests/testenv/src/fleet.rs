@@ -145,10 +145,11 @@ impl Fleet {
     }
 
     /// The sharding flags of the tests: `--shards <shards> --lease-namespace <ns>
-    /// --lease-duration 6s --renew-deadline 4s --retry-period 1s` (Leases in the scenario
+    /// --lease-duration 6s` ([`super::sharded::LEASE_DURATION`]) `--renew-deadline 4s --retry-period 1s` (Leases in the scenario
     /// namespace, where `deploy/rbac/` grants them).
     pub fn sharding_args(&self, shards: u32) -> Vec<String> {
-        let args = ["--lease-duration", "6s", "--renew-deadline", "4s", "--retry-period", "1s"];
+        let lease_duration = format!("{}s", super::sharded::LEASE_DURATION.as_secs());
+        let args = ["--lease-duration", &lease_duration, "--renew-deadline", "4s", "--retry-period", "1s"];
         let mut out =
             vec!["--shards".to_owned(), shards.to_string(), "--lease-namespace".to_owned(), self.ns().to_owned()];
         out.extend(args.iter().map(|s| (*s).to_owned()));

@@ -43,6 +43,7 @@ pub mod process;
 pub mod proxy;
 pub mod runner;
 pub mod scenario;
+pub mod sharded;
 pub mod wait;
 
 use std::path::{Path, PathBuf};
