@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use catalogsync::catalog::CatalogKind;
+use catalogsync::fixtures::{MODULE_NAME_LABEL, MrmBuilder, MtBuilder};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -37,30 +38,30 @@ pub fn catalog_resource(plural: &str) -> ApiResource {
     CatalogKind::from_plural(plural).unwrap_or_else(|| panic!("not a catalog kind: {plural}")).api_resource()
 }
 
-/// A KCP ModuleTemplate body: `<module>-<version>` with a small descriptor and data object.
+/// A KCP ModuleTemplate body: `<module>-<version>` with a small descriptor and data object
+/// ([`MtBuilder`]), labelled with its module name, for any namespace.
 pub fn mt(module: &str, version: &str) -> Value {
-    json!({
-        "apiVersion": "operator.kyma-project.io/v1beta2",
-        "kind": "ModuleTemplate",
-        "metadata": {"name": format!("{module}-{version}"), "labels": {"operator.kyma-project.io/module-name": module}},
-        "spec": {
-            "moduleName": module,
-            "version": version,
-            "descriptor": {"component": {"name": format!("kyma-project.io/module/{module}"), "version": version}},
-            "data": {"apiVersion": "operator.kyma-project.io/v1alpha1", "kind": "Sample", "metadata": {"name": "default"}, "spec": {"x": 1}},
-        },
-    })
+    let data = json!({"apiVersion": "operator.kyma-project.io/v1alpha1", "kind": "Sample", "metadata": {"name": "default"}, "spec": {"x": 1}});
+    let obj = MtBuilder::new(module, version).label(MODULE_NAME_LABEL, module).data(data).build();
+    body_for_any_namespace(&obj)
 }
 
-/// A KCP ModuleReleaseMeta body for `module` with `(channel, version)` entries.
+/// A KCP ModuleReleaseMeta body for `module` with `(channel, version)` entries
+/// ([`MrmBuilder`]), for any namespace.
 pub fn mrm(module: &str, channels: &[(&str, &str)]) -> Value {
-    let channels: Vec<Value> = channels.iter().map(|(c, v)| json!({"channel": c, "version": v})).collect();
-    json!({
-        "apiVersion": "operator.kyma-project.io/v1beta2",
-        "kind": "ModuleReleaseMeta",
-        "metadata": {"name": module},
-        "spec": {"moduleName": module, "ocmComponentName": format!("kyma-project.io/module/{module}"), "channels": channels},
-    })
+    let obj =
+        channels.iter().fold(MrmBuilder::new(module), |b, (channel, version)| b.channel(channel, version)).build();
+    body_for_any_namespace(&obj)
+}
+
+/// The apply body of a fixture object, without the namespace the builders give it (the
+/// scenario applies it into its own).
+fn body_for_any_namespace(obj: &DynamicObject) -> Value {
+    let mut body = serde_json::to_value(obj).unwrap_or_else(|e| panic!("a fixture object serialises: {e}"));
+    if let Some(meta) = body["metadata"].as_object_mut() {
+        meta.remove("namespace");
+    }
+    body
 }
 
 /// Sets a label on a body.
