@@ -7,7 +7,7 @@ use crate::skr::request::is_too_large;
 
 /// Why a sync of one SKR failed. Each variant names the operation that failed.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum SyncError {
     /// No Secret in the KCP carries the Kyma's `kyma-name` label.
     #[error("found no access secret labelled operator.kyma-project.io/kyma-name={kyma} in namespace {namespace}")]
     AccessSecretMissing {
@@ -123,7 +123,7 @@ pub enum Error {
 pub const MAX_CONDITION_MESSAGE: usize = 1024;
 
 /// Result alias of this crate.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub type Result<T, E = SyncError> = std::result::Result<T, E>;
 
 /// One cause of an error, for a human: an API error as the answer it was, not kube's
 /// `ApiError: .. (Status { .. })` debug text.
@@ -152,26 +152,26 @@ fn skr_api_reason(err: &kube::Error) -> Option<&'static str> {
     }
 }
 
-impl Error {
+impl SyncError {
     /// The `ModuleCatalog` condition reason for this failure: one of a small documented set
     /// (see `docs/metrics.md` and the README).
     pub fn reason(&self) -> &'static str {
         match self {
-            Error::AccessSecretMissing { .. } => "AccessSecretMissing",
-            Error::AccessSecretAmbiguous { .. } => "AccessSecretAmbiguous",
-            Error::ReadAccessSecret { .. } => "AccessSecretUnreadable",
-            Error::AccessSecretInvalid { .. } => "AccessSecretInvalid",
-            Error::ResolveSkr { .. } => "SkrUnreachable",
-            Error::EnsureSkrNamespace { source, .. } | Error::EnsureSkrCrd { source, .. } => {
+            SyncError::AccessSecretMissing { .. } => "AccessSecretMissing",
+            SyncError::AccessSecretAmbiguous { .. } => "AccessSecretAmbiguous",
+            SyncError::ReadAccessSecret { .. } => "AccessSecretUnreadable",
+            SyncError::AccessSecretInvalid { .. } => "AccessSecretInvalid",
+            SyncError::ResolveSkr { .. } => "SkrUnreachable",
+            SyncError::EnsureSkrNamespace { source, .. } | SyncError::EnsureSkrCrd { source, .. } => {
                 skr_api_reason(source).unwrap_or("CrdSyncFailed")
             }
-            Error::KcpCrdMissing { .. } => "CrdSyncFailed",
-            Error::ListSkrObjects { source, .. } => skr_api_reason(source).unwrap_or("ListFailed"),
-            Error::ApplySkrObject { source, .. } => skr_api_reason(source).unwrap_or("ApplyFailed"),
-            Error::PruneSkrObject { source, .. } => skr_api_reason(source).unwrap_or("PruneFailed"),
-            Error::SyncTimeout(_) => "SkrUnreachable",
-            Error::OwnershipLost => "OwnershipLost",
-            Error::WriteCondition(_) => "ConditionWriteFailed",
+            SyncError::KcpCrdMissing { .. } => "CrdSyncFailed",
+            SyncError::ListSkrObjects { source, .. } => skr_api_reason(source).unwrap_or("ListFailed"),
+            SyncError::ApplySkrObject { source, .. } => skr_api_reason(source).unwrap_or("ApplyFailed"),
+            SyncError::PruneSkrObject { source, .. } => skr_api_reason(source).unwrap_or("PruneFailed"),
+            SyncError::SyncTimeout(_) => "SkrUnreachable",
+            SyncError::OwnershipLost => "OwnershipLost",
+            SyncError::WriteCondition(_) => "ConditionWriteFailed",
         }
     }
 

@@ -11,7 +11,7 @@ use kube::api::PartialObjectMeta;
 use kube::{Api, Client};
 
 use crate::catalog::{CatalogKind, KindMemory};
-use crate::error::{Error, Result};
+use crate::error::{Result, SyncError};
 use crate::metrics::SkrClientMetrics;
 use crate::skr::access::{AccessSettings, SkrAccess};
 
@@ -80,7 +80,7 @@ impl SkrPool {
     /// cached for this Secret version.
     ///
     /// # Errors
-    /// [`Error::ReadAccessSecret`] or [`Error::AccessSecretInvalid`].
+    /// [`SyncError::ReadAccessSecret`] or [`SyncError::AccessSecretInvalid`].
     pub async fn get(&self, kyma: &str, secret: &PartialObjectMeta<Secret>) -> Result<Arc<SkrEntry>> {
         let version = secret_version(secret);
         if let Some(entry) = self.lock().get(kyma).filter(|e| e.secret_version == version) {
@@ -90,7 +90,7 @@ impl SkrPool {
         let secrets = Api::<Secret>::namespaced(self.kcp.clone(), &self.namespace);
         let full = crate::kcp::bounded(self.kcp_timeout, secrets.get(&name))
             .await
-            .map_err(|source| Error::ReadAccessSecret { name: name.clone(), source: Box::new(source) })?;
+            .map_err(|source| SyncError::ReadAccessSecret { name: name.clone(), source: Box::new(source) })?;
         let access = SkrAccess::from_secret(&full, &self.settings)?;
         let entry = Arc::new(SkrEntry { secret_version: version, access, state: tokio::sync::Mutex::default() });
         let replaced = self.lock().insert(kyma.to_owned(), Arc::clone(&entry));

@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
 use crate::catalog::render::{CopyDigest, is_subset};
 use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Orphan, Plan, plan};
-use crate::error::{Error, Result};
+use crate::error::{Result, SyncError};
 use crate::metrics::SkrClientMetrics;
 use crate::skr::SkrState;
 use crate::skr::request::{SkrClient, TooManyObjects, bounded_serde_error};
@@ -120,7 +120,7 @@ pub struct SkrTarget<'a> {
     /// Request metrics.
     pub metrics: &'a SkrClientMetrics,
     /// Checked right before every write; false aborts the sync with
-    /// [`Error::OwnershipLost`].
+    /// [`SyncError::OwnershipLost`].
     pub may_write: &'a (dyn Fn() -> bool + Send + Sync),
     /// Permits for full lists, shared by all syncs of the replica: a full list holds every
     /// copy of a kind in memory (about 2 MB of JSON for a catalog of 25 modules).
@@ -153,7 +153,7 @@ fn prune_request(kind: CatalogKind, namespace: &str, orphan: &Orphan) -> Result<
     let preconditions = Preconditions { uid: known(&orphan.uid), resource_version: known(&orphan.resource_version) };
     let has_any = preconditions.uid.is_some() || preconditions.resource_version.is_some();
     let params = DeleteParams { preconditions: has_any.then_some(preconditions), ..DeleteParams::default() };
-    copies(kind, namespace).delete(&orphan.name, &params).map_err(|e| Error::PruneSkrObject {
+    copies(kind, namespace).delete(&orphan.name, &params).map_err(|e| SyncError::PruneSkrObject {
         kind,
         name: orphan.name.clone(),
         source: Box::new(kube::Error::BuildRequest(e)),
@@ -192,7 +192,7 @@ impl SkrTarget<'_> {
     }
 
     fn check_ownership(&self) -> Result<()> {
-        if (self.may_write)() { Ok(()) } else { Err(Error::OwnershipLost) }
+        if (self.may_write)() { Ok(()) } else { Err(SyncError::OwnershipLost) }
     }
 
     /// Syncs `desired` to the SKR, updating `state`. On error the state is left cold, so the
@@ -223,7 +223,7 @@ impl SkrTarget<'_> {
             let memory = state.memory.entry(kind).or_default();
             let observed = match self.list(kind, !state.warm).await {
                 Ok(o) => o,
-                Err(err) if matches!(&err, Error::ListSkrObjects { source, .. } if is_not_found(source)) => {
+                Err(err) if matches!(&err, SyncError::ListSkrObjects { source, .. } if is_not_found(source)) => {
                     // The CRD vanished since we last looked (an SKR admin deleted it).
                     report.setup_writes += self.ensure_crds(crds).await?;
                     self.list(kind, true).await?
@@ -290,7 +290,7 @@ impl SkrTarget<'_> {
                     Ok(_) => Ok(Pruned::Deleted(name)),
                     Err(e) if is_not_found(&e) => Ok(Pruned::Deleted(name)),
                     Err(e) if is_conflict(&e) => Ok(Pruned::Conflict(name)),
-                    Err(source) => Err(Error::PruneSkrObject { kind, name, source: Box::new(source) }),
+                    Err(source) => Err(SyncError::PruneSkrObject { kind, name, source: Box::new(source) }),
                 }
             })
             .buffer_unordered(self.concurrency)
@@ -319,7 +319,7 @@ impl SkrTarget<'_> {
     /// when it still differs from the desired copy it is replaced to drop the foreign fields.
     /// Returns the new resourceVersion.
     async fn apply_one(&self, kind: CatalogKind, obj: &DesiredObject) -> Result<String> {
-        let wrap = |source| Error::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
+        let wrap = |source| SyncError::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
         let build = |e| wrap(kube::Error::BuildRequest(e));
         let copies = copies(kind, self.namespace);
         // The body goes out as serialized once per catalog change; the answer is decoded
@@ -362,7 +362,7 @@ impl SkrTarget<'_> {
     /// Lists the copies of `kind` page by page: in full (each item digested) when `full`,
     /// else their metadata only.
     async fn list(&self, kind: CatalogKind, full: bool) -> Result<Vec<Observed>> {
-        let wrap = |source| Error::ListSkrObjects { kind, source: Box::new(source) };
+        let wrap = |source| SyncError::ListSkrObjects { kind, source: Box::new(source) };
         let copies = copies(kind, self.namespace);
         // A full page is read as bytes and digested one item at a time, so only one page and
         // one object are in memory at once; the permit bounds how many full lists a replica
@@ -405,7 +405,7 @@ impl SkrTarget<'_> {
     async fn ensure_namespace(&self) -> Result<usize> {
         let namespaces = Request::new(Namespace::url_path(&(), None));
         let wrap =
-            |source| Error::EnsureSkrNamespace { namespace: self.namespace.to_owned(), source: Box::new(source) };
+            |source| SyncError::EnsureSkrNamespace { namespace: self.namespace.to_owned(), source: Box::new(source) };
         let build = |e| wrap(kube::Error::BuildRequest(e));
         let request = namespaces.get_metadata(self.namespace, &GetParams::default()).map_err(build)?;
         let res = self.bounded(self.client.bytes(request)).await;
@@ -434,8 +434,8 @@ impl SkrTarget<'_> {
         let definitions = Request::new(CustomResourceDefinition::url_path(&(), None));
         let mut writes = 0;
         for (name, body) in &crds.bodies {
-            let body = body.as_ref().ok_or_else(|| Error::KcpCrdMissing { name: name.clone() })?;
-            let wrap = |source| Error::EnsureSkrCrd { name: name.clone(), source: Box::new(source) };
+            let body = body.as_ref().ok_or_else(|| SyncError::KcpCrdMissing { name: name.clone() })?;
+            let wrap = |source| SyncError::EnsureSkrCrd { name: name.clone(), source: Box::new(source) };
             let build = |e| wrap(kube::Error::BuildRequest(e));
             let request = definitions.get(name, &GetParams::default()).map_err(build)?;
             let res = self.bounded(self.client.json::<Value>(request)).await;
@@ -763,7 +763,7 @@ mod tests {
         let (client, _) = mock_skr(&[("stale", 200), ("broken", 500)]);
         let prune = vec![orphan("stale", "u-s", "11"), orphan("broken", "u-b", "12")];
         let (result, _, _, metrics) = prune_with(&client, &Plan { prune, ..Plan::default() }).await;
-        assert!(matches!(&result, Err(Error::PruneSkrObject { name, .. }) if name == "broken"), "{result:?}");
+        assert!(matches!(&result, Err(SyncError::PruneSkrObject { name, .. }) if name == "broken"), "{result:?}");
         assert_eq!(metrics.requests.with_label_values(&["delete", "error"]).get(), 1);
     }
 

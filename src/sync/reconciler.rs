@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use crate::api::{KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, SKIP_RECONCILIATION_LABEL, is_flag_on};
 use crate::catalog::CatalogKind;
-use crate::error::{Error, Result};
+use crate::error::{Result, SyncError};
 use crate::metrics::Metrics;
 use crate::sharding::ShardView;
 use crate::skr::{AccessSecrets, SkrPool};
@@ -224,7 +224,7 @@ pub fn trigger_hash(kyma: &Kyma) -> Option<u64> {
 /// its in-flight guard inside that task, so shard handovers still wait for it.
 ///
 /// # Errors
-/// Any [`Error`]; the Kyma's condition already says what went wrong.
+/// Any [`SyncError`]; the Kyma's condition already says what went wrong.
 pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
     use tracing::Instrument as _;
     let task = tokio::spawn(reconcile_on_task(kyma, ctx).instrument(tracing::Span::current()));
@@ -260,7 +260,7 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     let result =
         match tokio::time::timeout(ctx.settings.sync_timeout, sync_skr(&kyma, &desired.set, &catalog, &ctx)).await {
             Ok(r) => r,
-            Err(_) => Err(Error::SyncTimeout(ctx.settings.sync_timeout)),
+            Err(_) => Err(SyncError::SyncTimeout(ctx.settings.sync_timeout)),
         };
     drop(timer);
 
@@ -289,7 +289,7 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
             write_condition(&kyma, &wanted, &ctx).await?;
             Ok(Action::requeue(jittered(ctx.settings.resync_period, ctx.settings.resync_jitter)))
         }
-        Err(Error::OwnershipLost) => {
+        Err(SyncError::OwnershipLost) => {
             set_depth(&ctx, ctx.book.forget(&name));
             info!("Stopped sync: the SKR is no longer ours");
             Ok(Action::await_change())
@@ -318,8 +318,8 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
 }
 
 /// Backoff after a failed reconcile: exponential per Kyma, with jitter, capped.
-pub fn error_policy(kyma: Arc<Kyma>, err: &Error, ctx: Arc<Context>) -> Action {
-    if let Error::WriteCondition(_) = err {
+pub fn error_policy(kyma: Arc<Kyma>, err: &SyncError, ctx: Arc<Context>) -> Action {
+    if let SyncError::WriteCondition(_) = err {
         // Sync failures were logged and counted in reconcile; this one happens after it.
         let shard = ctx.shards.shard_of(&kyma.namespace().unwrap_or_default(), &kyma.name_any()).to_string();
         ctx.metrics.sync.errors.with_label_values(&[shard.as_str(), err.reason()]).inc();
@@ -401,7 +401,7 @@ async fn write_condition(kyma: &Kyma, wanted: &Wanted, ctx: &Context) -> Result<
     let (name, params, patch) = (kyma.name_any(), PatchParams::apply(KCP_FIELD_MANAGER).force(), Patch::Apply(&body));
     crate::kcp::bounded(ctx.settings.kcp_request_timeout, api.patch_status(&name, &params, &patch))
         .await
-        .map_err(|e| Error::WriteCondition(Box::new(e)))?;
+        .map_err(|e| SyncError::WriteCondition(Box::new(e)))?;
     ctx.metrics.sync.condition_writes.with_label_values(&[wanted.status]).inc();
     info!(
         condition = MODULE_CATALOG_CONDITION,
