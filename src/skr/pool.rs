@@ -12,7 +12,7 @@ use kube::{Api, Client};
 
 use crate::catalog::{CatalogKind, KindMemory};
 use crate::error::{Result, SyncError};
-use crate::metrics::SkrClientMetrics;
+use crate::metrics::{EvictionReason, SkrClientMetrics};
 use crate::skr::access::{AccessSettings, SkrAccess};
 
 /// What this replica knows of one SKR between syncs.
@@ -95,16 +95,16 @@ impl SkrPool {
         let entry = Arc::new(SkrEntry { secret_version: version, access, state: tokio::sync::Mutex::default() });
         let replaced = self.lock().insert(kyma.to_owned(), Arc::clone(&entry));
         if replaced.is_some() {
-            self.metrics.evictions.with_label_values(&["secret_changed"]).inc();
+            self.metrics.evicted(EvictionReason::SecretChanged);
         }
         self.update_gauge();
         Ok(entry)
     }
 
     /// Drops the client of `kyma`, counting why.
-    pub fn evict(&self, kyma: &str, reason: &'static str) {
+    pub fn evict(&self, kyma: &str, reason: EvictionReason) {
         if self.lock().remove(kyma).is_some() {
-            self.metrics.evictions.with_label_values(&[reason]).inc();
+            self.metrics.evicted(reason);
             self.update_gauge();
         }
     }
@@ -120,7 +120,6 @@ impl SkrPool {
     }
 
     fn update_gauge(&self) {
-        let n = self.len();
-        self.metrics.clients.set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.metrics.cached_clients(self.len());
     }
 }

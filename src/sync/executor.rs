@@ -28,7 +28,7 @@ use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTe
 use crate::catalog::render::{CopyDigest, is_subset};
 use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Orphan, Plan, plan};
 use crate::error::{Result, SyncError};
-use crate::metrics::SkrClientMetrics;
+use crate::metrics::{SkrClientMetrics, SkrVerb};
 use crate::skr::SkrState;
 use crate::skr::request::{SkrClient, TooManyObjects, bounded_serde_error};
 
@@ -284,7 +284,7 @@ impl SkrTarget<'_> {
                 let request = prune_request(kind, self.namespace, &orphan)?;
                 self.check_ownership()?;
                 let res = self.bounded(self.client.bytes(request)).await;
-                self.metrics.record("delete", &res);
+                self.metrics.request(SkrVerb::Delete, &res);
                 let name = orphan.name;
                 match res {
                     Ok(_) => Ok(Pruned::Deleted(name)),
@@ -328,14 +328,14 @@ impl SkrTarget<'_> {
             copies.patch_metadata(&obj.name, &apply_params(), &Patch::Apply(obj.body.json())).map_err(build)?;
         self.check_ownership()?;
         let res = self.bounded(self.client.json::<MetaOnly>(request)).await;
-        self.metrics.record("apply", &res);
+        self.metrics.request(SkrVerb::Apply, &res);
         let applied = res.map_err(wrap)?.metadata;
         if applied.managed_fields.iter().all(|f| f.manager == SKR_FIELD_MANAGER) {
             return Ok(applied.resource_version);
         }
         let request = copies.get(&obj.name, &GetParams::default()).map_err(build)?;
         let res = self.bounded(self.client.json::<DynamicObject>(request)).await;
-        self.metrics.record("get", &res);
+        self.metrics.request(SkrVerb::Get, &res);
         let current = res.map_err(wrap)?;
         let observed = serde_json::to_value(&current).unwrap_or_default();
         if CopyDigest::of(&observed).holds(&obj.digest) {
@@ -355,7 +355,7 @@ impl SkrTarget<'_> {
         let params = PostParams { field_manager: Some(SKR_FIELD_MANAGER.to_owned()), ..PostParams::default() };
         let request = copies.replace(&obj.name, &params, replacement).map_err(build)?;
         let res = self.bounded(self.client.json::<DynamicObject>(request)).await;
-        self.metrics.record("replace", &res);
+        self.metrics.request(SkrVerb::Replace, &res);
         Ok(res.map_err(wrap)?.resource_version().unwrap_or_default())
     }
 
@@ -378,12 +378,12 @@ impl SkrTarget<'_> {
             let page = if full {
                 let request = copies.list(&lp).map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
                 let res = self.bounded(self.client.bytes(request)).await;
-                self.metrics.record("list", &res);
+                self.metrics.request(SkrVerb::List, &res);
                 digest_list(&res.map_err(wrap)?).map_err(|e| wrap(bounded_serde_error(e)))?
             } else {
                 let request = copies.list_metadata(&lp).map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
                 let res = self.bounded(self.client.json::<MetaOnlyList>(request)).await;
-                self.metrics.record("list", &res);
+                self.metrics.request(SkrVerb::List, &res);
                 let list = res.map_err(wrap)?;
                 Page {
                     items: list.items.into_iter().map(|o| observed(o.metadata, None)).collect(),
@@ -409,7 +409,7 @@ impl SkrTarget<'_> {
         let build = |e| wrap(kube::Error::BuildRequest(e));
         let request = namespaces.get_metadata(self.namespace, &GetParams::default()).map_err(build)?;
         let res = self.bounded(self.client.bytes(request)).await;
-        self.metrics.record("get", &res);
+        self.metrics.request(SkrVerb::Get, &res);
         match res {
             Ok(_) => return Ok(0),
             Err(err) if is_not_found(&err) => {}
@@ -423,7 +423,7 @@ impl SkrTarget<'_> {
         let request = namespaces.patch(self.namespace, &apply_params(), &Patch::Apply(&body)).map_err(build)?;
         self.check_ownership()?;
         let res = self.bounded(self.client.bytes(request)).await;
-        self.metrics.record("apply", &res);
+        self.metrics.request(SkrVerb::Apply, &res);
         res.map_err(wrap)?;
         Ok(1)
     }
@@ -439,7 +439,7 @@ impl SkrTarget<'_> {
             let build = |e| wrap(kube::Error::BuildRequest(e));
             let request = definitions.get(name, &GetParams::default()).map_err(build)?;
             let res = self.bounded(self.client.json::<Value>(request)).await;
-            self.metrics.record("get", &res);
+            self.metrics.request(SkrVerb::Get, &res);
             let current = match res {
                 Ok(crd) => Some(crd),
                 Err(err) if is_not_found(&err) => None,
@@ -455,7 +455,7 @@ impl SkrTarget<'_> {
             let request = definitions.patch(name, &apply_params(), &Patch::Apply(&**body)).map_err(build)?;
             self.check_ownership()?;
             let res = self.bounded(self.client.bytes(request)).await;
-            self.metrics.record("apply", &res);
+            self.metrics.request(SkrVerb::Apply, &res);
             res.map_err(wrap)?;
             writes += 1;
             self.await_established(&definitions, name).await;
@@ -599,6 +599,7 @@ fn null_as_default<'de, D: serde::Deserializer<'de>, T: Default + Deserialize<'d
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::RequestResult;
 
     fn item(name: &str, rv: &str, managers: &[&str]) -> Value {
         let fields: Vec<Value> = managers
@@ -743,7 +744,10 @@ mod tests {
         assert_eq!(report.writes(), 2);
         assert!(memory.matches("changed", "1", 7), "the changed orphan is still remembered");
         assert!(!memory.matches("stale", "1", 7) && !memory.matches("gone", "1", 7));
-        let count = |result: &str| metrics.requests.with_label_values(&["delete", result]).get();
+        let count = |result: &str| {
+            let result = RequestResult::ALL.iter().find(|r| r.as_str() == result).expect("a request result");
+            metrics.requests(SkrVerb::Delete, *result)
+        };
         assert_eq!((count("success"), count("not_found"), count("conflict"), count("error")), (1, 1, 1, 0));
 
         // Every DELETE carried the preconditions of its own listing, and nothing else was sent.
@@ -764,7 +768,7 @@ mod tests {
         let prune = vec![orphan("stale", "u-s", "11"), orphan("broken", "u-b", "12")];
         let (result, _, _, metrics) = prune_with(&client, &Plan { prune, ..Plan::default() }).await;
         assert!(matches!(&result, Err(SyncError::PruneSkrObject { name, .. }) if name == "broken"), "{result:?}");
-        assert_eq!(metrics.requests.with_label_values(&["delete", "error"]).get(), 1);
+        assert_eq!(metrics.requests(SkrVerb::Delete, RequestResult::Error), 1);
     }
 
     #[test]
