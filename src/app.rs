@@ -21,7 +21,7 @@ use kube_leader_election::{LeaseLock, LeaseLockParams};
 use tokio::task::JoinHandle;
 
 use crate::api::{COORDINATOR_LEASE, KYMA_NAME_LABEL, Kyma, LEASE_TYPE_LABEL};
-use crate::config::RunArgs;
+use crate::config::{ConfigError, RunArgs};
 use crate::http::{self, HttpState};
 use crate::metrics::{EvictionReason, Metrics};
 use crate::sharding::ShardView;
@@ -47,8 +47,8 @@ const SKR_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     /// The flags are inconsistent.
-    #[error("invalid configuration: {0}")]
-    Config(String),
+    #[error("invalid configuration")]
+    Config(#[source] ConfigError),
     /// No KCP client could be built.
     #[error("failed to create the KCP client")]
     KcpClient(#[source] kube::Error),
