@@ -3,7 +3,7 @@
 //! classifies), never an object name. Documented in `docs/metrics.md`, which
 //! `tests/metrics_doc.rs` checks against this registry.
 //!
-//! Every metric is registered one way ([`register`]); the fields are private, and the
+//! Every metric is registered one way (`register`); the fields are private, and the
 //! components record through methods named after what happened
 //! (`metrics.sync.finished(shard, outcome)`, `metrics.skr.request(verb, &result)`,
 //! `metrics.shard_handover(shard, op)`). Gauges that only restate the shard agent's state

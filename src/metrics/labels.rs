@@ -112,13 +112,6 @@ crate::label_enum! {
     }
 }
 
-impl HandoverOp {
-    /// Whether the shard leaves this replica with this change (its per-shard series go).
-    pub const fn leaves(self) -> bool {
-        matches!(self, Self::Released | Self::Dropped)
-    }
-}
-
 crate::label_enum! {
     /// How a renewal of this replica's member Lease ended: the `result` label of
     /// `catalogsync_member_renewals_total`.

@@ -286,6 +286,7 @@ impl Agent {
     fn drop_shard(&self, shard: u32, local: &mut [Local], op: HandoverOp) {
         local[shard as usize] = Local::Idle;
         self.view.set_active(shard, false);
+        // Counts the change and removes the shard's series here (`Metrics::shard_left`).
         self.metrics.shard_handover(shard, op);
         (self.on_release)(&self.kymas_of(shard));
         info!(shard, op = op.as_str(), "Gave up shard");
