@@ -18,15 +18,16 @@ pub enum SyncError {
     },
     /// More than one Secret carries the Kyma's `kyma-name` label.
     #[error(
-        "found {count} access secrets labelled operator.kyma-project.io/kyma-name={kyma} ({names}); keep exactly one"
+        "found {count} access secrets labelled operator.kyma-project.io/kyma-name={kyma} ({}); keep exactly one",
+        names.join(", ")
     )]
     AccessSecretAmbiguous {
         /// Kyma name.
         kyma: String,
         /// How many were found.
         count: usize,
-        /// Their names, comma-separated.
-        names: String,
+        /// Their names, sorted.
+        names: Vec<String>,
     },
     /// The access Secret could not be read from the KCP.
     #[error("failed to read access secret {name}")]

@@ -76,9 +76,9 @@ pub fn find_access_secret<'a>(
         0 => Err(SyncError::AccessSecretMissing { kyma: kyma.to_owned(), namespace: namespace.to_owned() }),
         1 => Ok(found.remove(0)),
         count => {
-            let mut names: Vec<&str> = found.iter().filter_map(|s| s.metadata.name.as_deref()).collect();
+            let mut names: Vec<String> = found.iter().filter_map(|s| s.metadata.name.clone()).collect();
             names.sort_unstable();
-            Err(SyncError::AccessSecretAmbiguous { kyma: kyma.to_owned(), count, names: names.join(", ") })
+            Err(SyncError::AccessSecretAmbiguous { kyma: kyma.to_owned(), count, names })
         }
     }
 }
