@@ -21,9 +21,9 @@ use kube_leader_election::{LeaseLock, LeaseLockParams};
 use tokio::task::JoinHandle;
 
 use crate::api::{COORDINATOR_LEASE, KYMA_NAME_LABEL, Kyma, LEASE_TYPE_LABEL};
-use crate::config::RunArgs;
+use crate::config::{ConfigError, RunArgs};
 use crate::http::{self, HttpState};
-use crate::metrics::Metrics;
+use crate::metrics::{EvictionReason, Metrics};
 use crate::sharding::ShardView;
 use crate::sharding::agent::{Agent, ShardsDebug};
 use crate::sharding::coordinator::Coordinator;
@@ -47,8 +47,8 @@ const SKR_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     /// The flags are inconsistent.
-    #[error("invalid configuration: {0}")]
-    Config(String),
+    #[error("invalid configuration")]
+    Config(#[source] ConfigError),
     /// No KCP client could be built.
     #[error("failed to create the KCP client")]
     KcpClient(#[source] kube::Error),
@@ -272,6 +272,7 @@ pub async fn run_with(
     .run(shutdown.clone(), shards_released.clone())
     .instrument(info_span!("membership"));
     let (debug_tx, debug_rx) = watch::channel(ShardsDebug::default());
+    metrics.observe_shards(debug_rx.clone()).map_err(AppError::Metrics)?;
     let release_ctx = Arc::clone(&ctx);
     let agent = Agent {
         api: lease_api.clone(),
@@ -285,11 +286,10 @@ pub async fn run_with(
         requeue: requeue_tx.clone(),
         on_release: Arc::new(move |kymas| {
             for kyma in kymas {
-                release_ctx.pool.evict(&kyma.name, "released");
+                release_ctx.pool.evict(&kyma.name, EvictionReason::Released);
             }
         }),
-        metrics: metrics.shard.clone(),
-        sync_metrics: metrics.sync.clone(),
+        metrics: metrics.clone(),
         debug: debug_tx,
         heartbeat: agent_beat.clone(),
     };
@@ -465,7 +465,7 @@ fn access_settings(args: &RunArgs, nonce: &str, kcp_addrs: Vec<SocketAddr>, metr
     let destinations = Destinations::new(args.skr_allowed_destinations.clone()).deny(kcp_addrs);
     let insecure_tls = if args.allow_insecure_skr_tls {
         warn!("--allow-insecure-skr-tls is on: SKR kubeconfigs may switch TLS verification off; never in production");
-        metrics.skr.insecure_tls_allowed.set(1);
+        metrics.skr.insecure_tls_allowed();
         InsecureTls::Allow
     } else {
         InsecureTls::Refuse

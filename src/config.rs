@@ -228,53 +228,103 @@ impl RunArgs {
     /// Checks relations between flags that clap cannot.
     ///
     /// # Errors
-    /// Returns a message naming the offending flag.
-    pub fn validate(&self) -> Result<(), String> {
+    /// The first [`ConfigError`] found; its message names the offending flag.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if !(0.0..=1.0).contains(&self.resync_jitter) {
-            return Err("--resync-jitter must be between 0 and 1".into());
+            return Err(ConfigError::ResyncJitterOutOfRange);
         }
         if !(0.0..=1.0).contains(&self.catalog_shrink_threshold) {
-            return Err("--catalog-shrink-threshold must be between 0 and 1 (1 switches the guard off)".into());
+            return Err(ConfigError::ShrinkThresholdOutOfRange);
         }
         if self.resync_period.is_zero() {
-            return Err("--resync-period must be positive".into());
+            return Err(ConfigError::ResyncPeriodZero);
         }
         if self.concurrency == 0 || self.skr_concurrency == 0 || self.full_list_concurrency == 0 {
-            return Err("--concurrency, --skr-concurrency and --full-list-concurrency must be at least 1".into());
+            return Err(ConfigError::ConcurrencyZero);
         }
         if self.backoff_min > self.backoff_max {
-            return Err("--backoff-min must not exceed --backoff-max".into());
+            return Err(ConfigError::BackoffMinAboveMax);
         }
         if self.lease_duration.subsec_nanos() != 0 {
-            return Err(format!(
-                "--lease-duration {:?} must be a whole number of seconds: Leases store leaseDurationSeconds, so a \
-                 fraction would be cut off and could break --renew-deadline plus --skr-request-timeout <= \
-                 --lease-duration",
-                self.lease_duration
-            ));
+            return Err(ConfigError::LeaseDurationFraction(self.lease_duration));
         }
         if self.renew_deadline + self.skr_request_timeout > self.lease_duration {
-            return Err("--renew-deadline plus --skr-request-timeout must not exceed --lease-duration: a fenced \
-                        replica's last SKR request must end before its shards can move"
-                .into());
+            return Err(ConfigError::RenewDeadlineTooLong);
         }
         if self.retry_period >= self.renew_deadline {
-            return Err("--retry-period must be shorter than --renew-deadline".into());
+            return Err(ConfigError::RetryPeriodTooLong);
         }
         if self.kcp_request_timeout.is_zero() {
-            return Err("--kcp-request-timeout must be positive".into());
+            return Err(ConfigError::KcpRequestTimeoutZero);
         }
         if self.drain_timeout < self.skr_request_timeout {
-            return Err("--drain-timeout must be at least --skr-request-timeout".into());
+            return Err(ConfigError::DrainTimeoutTooShort);
         }
         if !is_dns_label(&self.identity) {
-            return Err(format!(
-                "--identity {:?} must be a DNS label (lower-case alphanumerics and '-')",
-                self.identity
-            ));
+            return Err(ConfigError::InvalidIdentity(self.identity.clone()));
         }
         Ok(())
     }
+}
+
+/// A combination of `run` flags that clap accepts but catalogsync cannot run with. Each
+/// message names the flags and the rule they break.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// `--resync-jitter` is not a fraction.
+    #[error("--resync-jitter must be between 0 and 1")]
+    ResyncJitterOutOfRange,
+    /// `--catalog-shrink-threshold` is not a fraction.
+    #[error("--catalog-shrink-threshold must be between 0 and 1 (1 switches the guard off)")]
+    ShrinkThresholdOutOfRange,
+    /// `--resync-period` is zero.
+    #[error("--resync-period must be positive")]
+    ResyncPeriodZero,
+    /// A concurrency flag is zero.
+    #[error("--concurrency, --skr-concurrency and --full-list-concurrency must be at least 1")]
+    ConcurrencyZero,
+    /// `--backoff-min` exceeds `--backoff-max`.
+    #[error("--backoff-min must not exceed --backoff-max")]
+    BackoffMinAboveMax,
+    /// `--lease-duration` has a fraction of a second.
+    #[error(
+        "--lease-duration {0:?} must be a whole number of seconds: Leases store leaseDurationSeconds, so a \
+         fraction would be cut off and could break --renew-deadline plus --skr-request-timeout <= \
+         --lease-duration"
+    )]
+    LeaseDurationFraction(Duration),
+    /// A fenced replica's last SKR request could outlive its member Lease.
+    #[error(
+        "--renew-deadline plus --skr-request-timeout must not exceed --lease-duration: a fenced \
+         replica's last SKR request must end before its shards can move"
+    )]
+    RenewDeadlineTooLong,
+    /// `--retry-period` is not shorter than `--renew-deadline`.
+    #[error("--retry-period must be shorter than --renew-deadline")]
+    RetryPeriodTooLong,
+    /// `--kcp-request-timeout` is zero.
+    #[error("--kcp-request-timeout must be positive")]
+    KcpRequestTimeoutZero,
+    /// `--drain-timeout` is shorter than `--skr-request-timeout`.
+    #[error("--drain-timeout must be at least --skr-request-timeout")]
+    DrainTimeoutTooShort,
+    /// `--identity` cannot be part of a Lease name.
+    #[error("--identity {0:?} must be a DNS label (lower-case alphanumerics and '-')")]
+    InvalidIdentity(String),
+}
+
+/// A flag value that does not parse; the message quotes the text and shows the format.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    /// Not a size.
+    #[error("invalid size {0:?}: use bytes or a number with Ki, Mi or Gi, such as 8Mi")]
+    Size(String),
+    /// A size below the smallest that works.
+    #[error("invalid size {0:?}: at least 64Ki (an SKR's error answers are read up to 64Ki)")]
+    SizeTooSmall(String),
+    /// Not a duration.
+    #[error("invalid duration {0:?}: use a number with a unit, such as 500ms, 10s, 5m or 1h")]
+    Duration(String),
 }
 
 /// Whether `s` can be part of a Lease name.
@@ -289,9 +339,10 @@ fn is_dns_label(s: &str) -> bool {
 /// Parses sizes such as `8Mi`, `512Ki`, `1Gi` or `1048576` (bytes).
 ///
 /// # Errors
-/// Returns a message when the text is not such a size.
-pub fn parse_size(text: &str) -> Result<usize, String> {
-    let err = || format!("invalid size {text:?}: use bytes or a number with Ki, Mi or Gi, such as 8Mi");
+/// [`ValueError::Size`] when the text is not such a size, [`ValueError::SizeTooSmall`] below
+/// 64Ki.
+pub fn parse_size(text: &str) -> Result<usize, ValueError> {
+    let err = || ValueError::Size(text.to_owned());
     let text = text.trim();
     let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let value: usize = text[..digits].parse().map_err(|_| err())?;
@@ -304,7 +355,7 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
     };
     let size = value.checked_mul(unit).ok_or_else(err)?;
     if size < 64 * 1024 {
-        return Err(format!("invalid size {text:?}: at least 64Ki (an SKR's error answers are read up to 64Ki)"));
+        return Err(ValueError::SizeTooSmall(text.to_owned()));
     }
     Ok(size)
 }
@@ -312,9 +363,9 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
 /// Parses durations such as `500ms`, `10s`, `5m`, `1h` or `1m30s`.
 ///
 /// # Errors
-/// Returns a message when the text is not such a duration.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let err = || format!("invalid duration {text:?}: use a number with a unit, such as 500ms, 10s, 5m or 1h");
+/// [`ValueError::Duration`] when the text is not such a duration.
+pub fn parse_duration(text: &str) -> Result<Duration, ValueError> {
+    let err = || ValueError::Duration(text.to_owned());
     let mut total = Duration::ZERO;
     let mut rest = text.trim();
     if rest.is_empty() {
@@ -374,7 +425,7 @@ mod tests {
         }
         for bad in ["-0.1", "1.5", "NaN"] {
             let flag = format!("--catalog-shrink-threshold={bad}");
-            let err = parse(&[&flag]).validate().expect_err(bad);
+            let err = parse(&[&flag]).validate().expect_err(bad).to_string();
             assert!(err.contains("--catalog-shrink-threshold"), "{err}");
         }
     }
@@ -420,9 +471,12 @@ mod tests {
 
     #[test]
     fn lease_duration_must_be_whole_seconds() {
-        let err = run_args(&["--lease-duration", "12500ms", "--renew-deadline", "9s"]).validate().expect_err("12.5 s");
+        let err = run_args(&["--lease-duration", "12500ms", "--renew-deadline", "9s"])
+            .validate()
+            .expect_err("12.5 s")
+            .to_string();
         assert!(err.contains("--lease-duration") && err.contains("whole number of seconds"), "{err}");
-        let err = run_args(&["--lease-duration", "15s1ms"]).validate().expect_err("15.001 s");
+        let err = run_args(&["--lease-duration", "15s1ms"]).validate().expect_err("15.001 s").to_string();
         assert!(err.contains("whole number of seconds"), "{err}");
         // Whole seconds in any unit are fine.
         assert_eq!(run_args(&["--lease-duration", "16000ms"]).validate(), Ok(()));

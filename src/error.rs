@@ -7,7 +7,7 @@ use crate::skr::request::is_too_large;
 
 /// Why a sync of one SKR failed. Each variant names the operation that failed.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum SyncError {
     /// No Secret in the KCP carries the Kyma's `kyma-name` label.
     #[error("found no access secret labelled operator.kyma-project.io/kyma-name={kyma} in namespace {namespace}")]
     AccessSecretMissing {
@@ -18,15 +18,16 @@ pub enum Error {
     },
     /// More than one Secret carries the Kyma's `kyma-name` label.
     #[error(
-        "found {count} access secrets labelled operator.kyma-project.io/kyma-name={kyma} ({names}); keep exactly one"
+        "found {count} access secrets labelled operator.kyma-project.io/kyma-name={kyma} ({}); keep exactly one",
+        names.join(", ")
     )]
     AccessSecretAmbiguous {
         /// Kyma name.
         kyma: String,
         /// How many were found.
         count: usize,
-        /// Their names, comma-separated.
-        names: String,
+        /// Their names, sorted.
+        names: Vec<String>,
     },
     /// The access Secret could not be read from the KCP.
     #[error("failed to read access secret {name}")]
@@ -123,7 +124,7 @@ pub enum Error {
 pub const MAX_CONDITION_MESSAGE: usize = 1024;
 
 /// Result alias of this crate.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub type Result<T, E = SyncError> = std::result::Result<T, E>;
 
 /// One cause of an error, for a human: an API error as the answer it was, not kube's
 /// `ApiError: .. (Status { .. })` debug text.
@@ -140,59 +141,124 @@ fn describe(cause: &(dyn std::error::Error + 'static)) -> String {
     }
 }
 
-/// What an SKR API error says about the SKR, independent of the operation.
-fn skr_api_reason(err: &kube::Error) -> Option<&'static str> {
-    match err {
-        err if is_too_large(err) => Some("SkrResponseTooLarge"),
-        kube::Error::Api(status) if status.code == 401 => Some("SkrUnauthorized"),
-        kube::Error::Api(status) if status.code == 403 => Some("SkrForbidden"),
-        kube::Error::Api(_) | kube::Error::SerdeError(_) => None,
-        // Connection refused, TLS failures, timeouts: the SKR cannot be reached.
-        _ => Some("SkrUnreachable"),
+crate::label_enum! {
+    /// A `ModuleCatalog` condition reason: [`ConditionReason::CatalogSynced`] for a `True`
+    /// condition, else why a sync failed ([`SyncError::reason`]). Also the `reason` label of
+    /// `catalogsync_sync_errors_total` and the reason of the Kyma's Events. `docs/metrics.md`
+    /// lists them all; `tests/metrics_doc.rs` holds it to this list.
+    pub enum ConditionReason {
+        /// The SKR holds the desired catalog (the reason of a `True` condition).
+        CatalogSynced => "CatalogSynced",
+        /// No access Secret carries the Kyma's label.
+        AccessSecretMissing => "AccessSecretMissing",
+        /// More than one access Secret carries the Kyma's label.
+        AccessSecretAmbiguous => "AccessSecretAmbiguous",
+        /// Reading the access Secret from the KCP failed.
+        AccessSecretUnreadable => "AccessSecretUnreadable",
+        /// The access Secret holds no acceptable kubeconfig.
+        AccessSecretInvalid => "AccessSecretInvalid",
+        /// The SKR answered 401.
+        SkrUnauthorized => "SkrUnauthorized",
+        /// The SKR answered 403.
+        SkrForbidden => "SkrForbidden",
+        /// The SKR could not be reached, or the sync timed out.
+        SkrUnreachable => "SkrUnreachable",
+        /// An SKR answer was larger than allowed.
+        SkrResponseTooLarge => "SkrResponseTooLarge",
+        /// Ensuring the namespace or a CRD failed, or the KCP has no CRD to copy.
+        CrdSyncFailed => "CrdSyncFailed",
+        /// Listing copies in the SKR failed.
+        ListFailed => "ListFailed",
+        /// Applying a copy failed.
+        ApplyFailed => "ApplyFailed",
+        /// Pruning an orphan failed.
+        PruneFailed => "PruneFailed",
+        /// This replica lost the SKR during the sync; never written to a condition nor counted.
+        OwnershipLost => "OwnershipLost",
+        /// Writing the condition itself failed; never written to a condition.
+        ConditionWriteFailed => "ConditionWriteFailed",
     }
 }
 
-impl Error {
-    /// The `ModuleCatalog` condition reason for this failure: one of a small documented set
-    /// (see `docs/metrics.md` and the README).
-    pub fn reason(&self) -> &'static str {
+impl ConditionReason {
+    /// Whether this reason can stand in a Kyma's `ModuleCatalog` condition.
+    pub const fn reaches_condition(self) -> bool {
+        !matches!(self, Self::OwnershipLost | Self::ConditionWriteFailed)
+    }
+
+    /// Whether a failure of this reason is counted in `catalogsync_sync_errors_total`: every
+    /// failure but [`ConditionReason::OwnershipLost`] (the new owner syncs the SKR).
+    pub const fn counts_as_sync_error(self) -> bool {
+        !matches!(self, Self::CatalogSynced | Self::OwnershipLost)
+    }
+
+    /// Whether a failure of this reason drops the cached SKR client, so the next attempt
+    /// re-reads the Secret and connects anew (rotated credentials, changed endpoint).
+    pub const fn evicts_client(self) -> bool {
+        matches!(self, Self::SkrUnauthorized | Self::SkrUnreachable | Self::AccessSecretInvalid)
+    }
+
+    /// Whether a failure of this reason needs a human (a Kubernetes Event is emitted on the
+    /// Kyma).
+    pub const fn needs_human(self) -> bool {
+        matches!(
+            self,
+            Self::AccessSecretMissing
+                | Self::AccessSecretAmbiguous
+                | Self::AccessSecretInvalid
+                | Self::SkrUnauthorized
+                | Self::SkrForbidden
+                | Self::SkrUnreachable
+                | Self::SkrResponseTooLarge
+        )
+    }
+}
+
+/// What an SKR API error says about the SKR, independent of the operation.
+fn skr_api_reason(err: &kube::Error) -> Option<ConditionReason> {
+    match err {
+        err if is_too_large(err) => Some(ConditionReason::SkrResponseTooLarge),
+        kube::Error::Api(status) if status.code == 401 => Some(ConditionReason::SkrUnauthorized),
+        kube::Error::Api(status) if status.code == 403 => Some(ConditionReason::SkrForbidden),
+        kube::Error::Api(_) | kube::Error::SerdeError(_) => None,
+        // Connection refused, TLS failures, timeouts: the SKR cannot be reached.
+        _ => Some(ConditionReason::SkrUnreachable),
+    }
+}
+
+impl SyncError {
+    /// The `ModuleCatalog` condition reason for this failure; never
+    /// [`ConditionReason::CatalogSynced`].
+    pub fn reason(&self) -> ConditionReason {
+        use ConditionReason as R;
         match self {
-            Error::AccessSecretMissing { .. } => "AccessSecretMissing",
-            Error::AccessSecretAmbiguous { .. } => "AccessSecretAmbiguous",
-            Error::ReadAccessSecret { .. } => "AccessSecretUnreadable",
-            Error::AccessSecretInvalid { .. } => "AccessSecretInvalid",
-            Error::ResolveSkr { .. } => "SkrUnreachable",
-            Error::EnsureSkrNamespace { source, .. } | Error::EnsureSkrCrd { source, .. } => {
-                skr_api_reason(source).unwrap_or("CrdSyncFailed")
+            SyncError::AccessSecretMissing { .. } => R::AccessSecretMissing,
+            SyncError::AccessSecretAmbiguous { .. } => R::AccessSecretAmbiguous,
+            SyncError::ReadAccessSecret { .. } => R::AccessSecretUnreadable,
+            SyncError::AccessSecretInvalid { .. } => R::AccessSecretInvalid,
+            SyncError::ResolveSkr { .. } => R::SkrUnreachable,
+            SyncError::EnsureSkrNamespace { source, .. } | SyncError::EnsureSkrCrd { source, .. } => {
+                skr_api_reason(source).unwrap_or(R::CrdSyncFailed)
             }
-            Error::KcpCrdMissing { .. } => "CrdSyncFailed",
-            Error::ListSkrObjects { source, .. } => skr_api_reason(source).unwrap_or("ListFailed"),
-            Error::ApplySkrObject { source, .. } => skr_api_reason(source).unwrap_or("ApplyFailed"),
-            Error::PruneSkrObject { source, .. } => skr_api_reason(source).unwrap_or("PruneFailed"),
-            Error::SyncTimeout(_) => "SkrUnreachable",
-            Error::OwnershipLost => "OwnershipLost",
-            Error::WriteCondition(_) => "ConditionWriteFailed",
+            SyncError::KcpCrdMissing { .. } => R::CrdSyncFailed,
+            SyncError::ListSkrObjects { source, .. } => skr_api_reason(source).unwrap_or(R::ListFailed),
+            SyncError::ApplySkrObject { source, .. } => skr_api_reason(source).unwrap_or(R::ApplyFailed),
+            SyncError::PruneSkrObject { source, .. } => skr_api_reason(source).unwrap_or(R::PruneFailed),
+            SyncError::SyncTimeout(_) => R::SkrUnreachable,
+            SyncError::OwnershipLost => R::OwnershipLost,
+            SyncError::WriteCondition(_) => R::ConditionWriteFailed,
         }
     }
 
     /// Whether the cached SKR client must be dropped, so the next attempt re-reads the Secret
     /// and connects anew (rotated credentials, changed endpoint).
     pub fn evicts_client(&self) -> bool {
-        matches!(self.reason(), "SkrUnauthorized" | "SkrUnreachable" | "AccessSecretInvalid")
+        self.reason().evicts_client()
     }
 
     /// Whether a human must act (a Kubernetes Event is emitted on the Kyma).
     pub fn needs_human(&self) -> bool {
-        matches!(
-            self.reason(),
-            "AccessSecretMissing"
-                | "AccessSecretAmbiguous"
-                | "AccessSecretInvalid"
-                | "SkrUnauthorized"
-                | "SkrForbidden"
-                | "SkrUnreachable"
-                | "SkrResponseTooLarge"
-        )
+        self.reason().needs_human()
     }
 
     /// The message of the `ModuleCatalog` condition (and its Event): this error and its

@@ -10,7 +10,8 @@
 //! - [`sharding`]: the ownership gate;
 //! - [`app`], [`http`], [`health`], [`metrics`], [`telemetry`], [`config`]: the process
 //!   around them;
-//! - [`text`]: untrusted text made safe to print; [`kcp`]: bounded KCP requests.
+//! - [`text`]: untrusted text made safe to print; [`kcp`]: bounded KCP requests; [`label`]:
+//!   bounded classifications (condition reasons, metric label values) as enums.
 
 pub mod api;
 pub mod app;
@@ -22,6 +23,7 @@ pub mod fixtures;
 pub mod health;
 pub mod http;
 pub mod kcp;
+pub mod label;
 pub mod metrics;
 pub mod sharding;
 pub mod skr;

@@ -1,16 +1,75 @@
 //! Prometheus metrics: one [`Metrics`] struct owns the registry; every label is bounded
-//! (kinds, operations, results, reasons), never an object name. Documented in
-//! `docs/metrics.md`, which `tests/metrics_doc.rs` checks against this registry.
+//! (kinds, operations, results, reasons, each an enum of [`labels`] or next to what it
+//! classifies), never an object name. Documented in `docs/metrics.md`, which
+//! `tests/metrics_doc.rs` checks against this registry.
+//!
+//! Every metric is registered one way (`register`); the fields are private, and the
+//! components record through methods named after what happened
+//! (`metrics.sync.finished(shard, outcome)`, `metrics.skr.request(verb, &result)`,
+//! `metrics.shard_handover(shard, op)`). Gauges that only restate the shard agent's state
+//! are computed at scrape time ([`shards::ShardCollector`]).
+
+pub mod labels;
+pub mod shards;
 
 use std::time::Instant;
 
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
+use tokio::sync::watch;
+
+pub use labels::{
+    EvictionReason, HandoverOp, ObjectOp, ReachableState, RenewalResult, RequestResult, SkipReason, SkrVerb, SyncResult,
+};
+
+use crate::catalog::{CatalogKind, WarningReason};
+use crate::error::ConditionReason;
+use crate::label::Label;
+use crate::sharding::agent::ShardsDebug;
+use crate::sync::condition::ConditionStatus;
 
 /// Buckets of the sync duration histogram: a warm no-op sync is a few milliseconds, a cold
 /// sync of a large catalog a few seconds, a timeout tens of seconds.
 const SYNC_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// Buckets of the handover duration histogram: a graceful handover takes well under two
+/// seconds, a takeover after a crash about a member lease duration.
+const HANDOVER_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0];
+
+/// Registers `metric` in `registry` and returns it: the one way every metric of this crate
+/// is registered (`register(r, IntCounter::new(..))`, `register(r, IntCounterVec::new(..))`).
+fn register<M: Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: prometheus::Result<M>,
+) -> prometheus::Result<M> {
+    let metric = metric?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+/// Creates the series of every value of `A` at zero.
+fn precreate<T: MetricVecBuilder, A: Label>(vec: &MetricVec<T>) {
+    for a in A::ALL {
+        vec.with_label_values(&[a.as_str()]);
+    }
+}
+
+/// Creates the series of every pair of values of `A` and `B` at zero.
+fn precreate2<T: MetricVecBuilder, A: Label, B: Label>(vec: &MetricVec<T>) {
+    for a in A::ALL {
+        for b in B::ALL {
+            vec.with_label_values(&[a.as_str(), b.as_str()]);
+        }
+    }
+}
+
+/// A gauge value from a count.
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
 
 /// All metrics of a replica.
 #[derive(Clone)]
@@ -26,426 +85,13 @@ pub struct Metrics {
     pub shard: ShardMetrics,
 }
 
-/// Buckets of the handover duration histogram: a graceful handover takes well under two
-/// seconds, a takeover after a crash about a member lease duration.
-const HANDOVER_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0];
-
-/// Metrics of membership, shard ownership and the coordinator.
-#[derive(Clone)]
-pub struct ShardMetrics {
-    /// `catalogsync_shard_owned_clusters{shard}`.
-    pub owned_clusters: IntGaugeVec,
-    /// `catalogsync_shards_held`.
-    pub held: IntGauge,
-    /// `catalogsync_shard_drain_oldest_seconds`.
-    pub drain_oldest: prometheus::Gauge,
-    /// `catalogsync_shard_handovers_total{op}`.
-    pub handovers: IntCounterVec,
-    /// `catalogsync_shard_handover_duration_seconds`.
-    pub handover_duration: Histogram,
-    /// `catalogsync_shard_assignments_total`.
-    pub assignments: IntCounter,
-    /// `catalogsync_shard_forced_takeovers_total`.
-    pub forced_takeovers: IntCounter,
-    /// `catalogsync_unowned_clusters`.
-    pub unowned_clusters: IntGauge,
-    /// `catalogsync_unowned_oldest_seconds`.
-    pub unowned_oldest: prometheus::Gauge,
-    /// `catalogsync_is_coordinator`.
-    pub is_coordinator: IntGauge,
-    /// `catalogsync_member_fenced`.
-    pub fenced: IntGauge,
-    /// `catalogsync_member_identity_conflict`.
-    pub identity_conflict: IntGauge,
-    /// `catalogsync_shard_count_mismatch`.
-    pub shard_count_mismatch: IntGauge,
-    /// `catalogsync_member_renewals_total{result}`.
-    pub renewals: IntCounterVec,
-    /// `catalogsync_live_members`.
-    pub live_members: IntGauge,
-}
-
-impl ShardMetrics {
-    /// Registers the sharding metrics.
-    ///
-    /// # Errors
-    /// Fails when a metric is registered twice.
-    pub fn register(r: &Registry) -> prometheus::Result<Self> {
-        let handover_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "catalogsync_shard_handover_duration_seconds",
-                "Time from the coordinator naming a new holder of a shard to that holder claiming it, in seconds.",
-            )
-            .buckets(HANDOVER_BUCKETS.to_vec()),
-        )?;
-        r.register(Box::new(handover_duration.clone()))?;
-        let counter = |name: &str, help: &str| -> prometheus::Result<IntCounter> {
-            let c = IntCounter::new(name, help)?;
-            r.register(Box::new(c.clone()))?;
-            Ok(c)
-        };
-        let drain_oldest = prometheus::Gauge::new(
-            "catalogsync_shard_drain_oldest_seconds",
-            "How long the longest-draining shard of this replica has been draining, in seconds (0 when none drains).",
-        )?;
-        r.register(Box::new(drain_oldest.clone()))?;
-        let unowned_oldest = prometheus::Gauge::new(
-            "catalogsync_unowned_oldest_seconds",
-            "Age of the oldest shard without a live holder, in seconds (coordinator only; 0 elsewhere).",
-        )?;
-        r.register(Box::new(unowned_oldest.clone()))?;
-        Ok(Self {
-            owned_clusters: gauge_vec(
-                r,
-                "catalogsync_shard_owned_clusters",
-                "SKRs (Kymas) in each shard this replica holds.",
-                &["shard"],
-            )?,
-            held: gauge(r, "catalogsync_shards_held", "Shards this replica holds and works on.")?,
-            drain_oldest,
-            handovers: counter_vec(
-                r,
-                "catalogsync_shard_handovers_total",
-                "Shard ownership changes made by this replica, by operation (claimed, resumed, drained, released, dropped).",
-                &["op"],
-            )?,
-            handover_duration,
-            assignments: counter(
-                "catalogsync_shard_assignments_total",
-                "Desired-holder changes the coordinator wrote to shard Leases.",
-            )?,
-            forced_takeovers: counter(
-                "catalogsync_shard_forced_takeovers_total",
-                "Shards the coordinator released because their holder's member Lease had expired.",
-            )?,
-            unowned_clusters: gauge(
-                r,
-                "catalogsync_unowned_clusters",
-                "SKRs whose shard has no live holder (coordinator only; 0 elsewhere).",
-            )?,
-            unowned_oldest,
-            is_coordinator: gauge(r, "catalogsync_is_coordinator", "1 when this replica is the coordinator, else 0.")?,
-            fenced: gauge(
-                r,
-                "catalogsync_member_fenced",
-                "1 when this replica stopped SKR writes because its member Lease was not renewed in time.",
-            )?,
-            shard_count_mismatch: gauge(
-                r,
-                "catalogsync_shard_count_mismatch",
-                "1 while this replica's --shards differs from the shard count recorded in the config Lease, so it stays fenced.",
-            )?,
-            identity_conflict: gauge(
-                r,
-                "catalogsync_member_identity_conflict",
-                "1 while another process renews the member Lease of this replica's identity, so this one stays fenced.",
-            )?,
-            renewals: counter_vec(
-                r,
-                "catalogsync_member_renewals_total",
-                "Renewals of this replica's member Lease, by result (success, error).",
-                &["result"],
-            )?,
-            live_members: gauge(
-                r,
-                "catalogsync_live_members",
-                "Replicas with an unexpired member Lease, as seen here.",
-            )?,
-        })
-    }
-}
-
-/// Metrics of SKR syncs.
-#[derive(Clone)]
-pub struct SyncMetrics {
-    /// `catalogsync_sync_runs_total{shard,result}`.
-    pub runs: IntCounterVec,
-    /// `catalogsync_sync_errors_total{shard,reason}`.
-    pub errors: IntCounterVec,
-    /// `catalogsync_sync_duration_seconds{shard}`.
-    pub duration: prometheus::HistogramVec,
-    /// `catalogsync_sync_objects_total{kind,op}`.
-    pub objects: IntCounterVec,
-    /// `catalogsync_syncs_in_flight`.
-    pub in_flight: IntGauge,
-    /// `catalogsync_queue_depth{shard}`.
-    pub queue_depth: IntGaugeVec,
-    /// `catalogsync_kyma_condition_writes_total{status}`.
-    pub condition_writes: IntCounterVec,
-    /// `catalogsync_kymas_skipped_total{reason}`.
-    pub skipped: IntCounterVec,
-}
-
-/// Metrics of the SKR clients.
-#[derive(Clone)]
-pub struct SkrClientMetrics {
-    /// `catalogsync_skr_requests_total{verb,result}`.
-    pub requests: IntCounterVec,
-    /// `catalogsync_skr_clients`.
-    pub clients: IntGauge,
-    /// `catalogsync_skr_client_evictions_total{reason}`.
-    pub evictions: IntCounterVec,
-    /// `catalogsync_skr_insecure_tls_allowed`.
-    pub insecure_tls_allowed: IntGauge,
-}
-
-/// Metrics of the KCP catalog.
-#[derive(Clone)]
-pub struct CatalogMetrics {
-    /// `catalogsync_catalog_objects{kind}`.
-    pub objects: IntGaugeVec,
-    /// `catalogsync_catalog_malformed_objects{kind}`.
-    pub malformed: IntGaugeVec,
-    /// `catalogsync_catalog_skipped_release_metas{reason}`.
-    pub skipped_release_metas: IntGaugeVec,
-    /// `catalogsync_catalog_changes_total`.
-    pub changes: IntCounter,
-    /// `catalogsync_catalog_requeued_kymas_total`.
-    pub requeued: IntCounter,
-    /// `catalogsync_catalog_reachable_objects{kind,state}`.
-    pub reachable: IntGaugeVec,
-    /// `catalogsync_catalog_shrink_held`.
-    pub shrink_held: IntGauge,
-}
-
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
-    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-    registry.register(Box::new(c.clone()))?;
-    Ok(c)
-}
-
-fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
-    let g = IntGauge::new(name, help)?;
-    registry.register(Box::new(g.clone()))?;
-    Ok(g)
-}
-
-fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
-    registry.register(Box::new(g.clone()))?;
-    Ok(g)
-}
-
-impl SyncMetrics {
-    /// Registers the sync metrics.
-    ///
-    /// # Errors
-    /// Fails when a metric is registered twice.
-    pub fn register(r: &Registry) -> prometheus::Result<Self> {
-        let duration = prometheus::HistogramVec::new(
-            HistogramOpts::new("catalogsync_sync_duration_seconds", "Duration of one sync of one SKR, in seconds.")
-                .buckets(SYNC_BUCKETS.to_vec()),
-            &["shard"],
-        )?;
-        r.register(Box::new(duration.clone()))?;
-        Ok(Self {
-            runs: counter_vec(
-                r,
-                "catalogsync_sync_runs_total",
-                "Syncs of one SKR, by shard and result (success, error).",
-                &["shard", "result"],
-            )?,
-            errors: counter_vec(
-                r,
-                "catalogsync_sync_errors_total",
-                "Failed syncs, by shard and ModuleCatalog condition reason.",
-                &["shard", "reason"],
-            )?,
-            duration,
-            objects: counter_vec(
-                r,
-                "catalogsync_sync_objects_total",
-                "Catalog objects handled in SKRs, by kind and operation (applied, unchanged, pruned).",
-                &["kind", "op"],
-            )?,
-            in_flight: gauge(r, "catalogsync_syncs_in_flight", "SKR syncs running now.")?,
-            queue_depth: gauge_vec(
-                r,
-                "catalogsync_queue_depth",
-                "Kymas requeued for a catalog change whose sync has not finished yet, by shard.",
-                &["shard"],
-            )?,
-            condition_writes: counter_vec(
-                r,
-                "catalogsync_kyma_condition_writes_total",
-                "Writes of a Kyma's ModuleCatalog condition, by condition status.",
-                &["status"],
-            )?,
-            skipped: counter_vec(
-                r,
-                "catalogsync_kymas_skipped_total",
-                "Reconciles that left a Kyma alone, by reason (deleting, skip_reconciliation).",
-                &["reason"],
-            )?,
-        })
-    }
-
-    /// Creates the series of `shard` at zero (runs by result, duration, queue depth), so that
-    /// a shard's rates and latencies are scraped from the moment this replica takes it.
-    /// Error series (by condition reason) appear with the first error.
-    pub fn init_shard(&self, shard: u32) {
-        let shard = shard.to_string();
-        for result in known::RESULTS {
-            self.runs.with_label_values(&[shard.as_str(), result]);
-        }
-        self.duration.with_label_values(&[shard.as_str()]);
-        self.queue_depth.with_label_values(&[shard.as_str()]);
-    }
-
-    /// Starts timing a sync of a Kyma in `shard`; the returned guard records the duration
-    /// when dropped.
-    pub fn measure(&self, shard: u32) -> SyncTimer {
-        self.in_flight.inc();
-        SyncTimer { start: Instant::now(), shard: shard.to_string(), metrics: self.clone() }
-    }
-}
-
-/// Records a sync's duration and in-flight count when dropped.
-pub struct SyncTimer {
-    start: Instant,
-    shard: String,
-    metrics: SyncMetrics,
-}
-
-impl SyncTimer {
-    /// The shard label value.
-    pub fn shard(&self) -> &str {
-        &self.shard
-    }
-}
-
-impl Drop for SyncTimer {
-    fn drop(&mut self) {
-        self.metrics.duration.with_label_values(&[self.shard.as_str()]).observe(self.start.elapsed().as_secs_f64());
-        self.metrics.in_flight.dec();
-    }
-}
-
-impl SkrClientMetrics {
-    /// Registers the SKR client metrics.
-    ///
-    /// # Errors
-    /// Fails when a metric is registered twice.
-    pub fn register(r: &Registry) -> prometheus::Result<Self> {
-        Ok(Self {
-            requests: counter_vec(
-                r,
-                "catalogsync_skr_requests_total",
-                "Requests to SKR apiservers, by verb (get, list, apply, replace, delete) and result (success, not_found, conflict, error).",
-                &["verb", "result"],
-            )?,
-            clients: gauge(
-                r,
-                "catalogsync_skr_clients",
-                "SKRs whose access (parsed kubeconfig and sync state) this replica caches; a client exists only during a sync.",
-            )?,
-            evictions: counter_vec(
-                r,
-                "catalogsync_skr_client_evictions_total",
-                "Cached SKR accesses dropped, by reason (secret_changed, error, released, deleted).",
-                &["reason"],
-            )?,
-            insecure_tls_allowed: gauge(
-                r,
-                "catalogsync_skr_insecure_tls_allowed",
-                "1 while --allow-insecure-skr-tls lets SKR kubeconfigs switch TLS verification off (local development only), else 0.",
-            )?,
-        })
-    }
-
-    /// Counts one SKR request.
-    pub fn record<T>(&self, verb: &'static str, result: &Result<T, kube::Error>) {
-        let label = match result {
-            Ok(_) => "success",
-            Err(kube::Error::Api(s)) if s.code == 404 => "not_found",
-            Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
-            Err(_) => "error",
-        };
-        self.requests.with_label_values(&[verb, label]).inc();
-    }
-}
-
-impl CatalogMetrics {
-    /// Registers the catalog metrics.
-    ///
-    /// # Errors
-    /// Fails when a metric is registered twice.
-    pub fn register(r: &Registry) -> prometheus::Result<Self> {
-        Ok(Self {
-            objects: gauge_vec(
-                r,
-                "catalogsync_catalog_objects",
-                "Catalog objects in the KCP snapshot, by kind.",
-                &["kind"],
-            )?,
-            malformed: gauge_vec(
-                r,
-                "catalogsync_catalog_malformed_objects",
-                "KCP catalog objects left out because they do not parse, by kind.",
-                &["kind"],
-            )?,
-            skipped_release_metas: gauge_vec(
-                r,
-                "catalogsync_catalog_skipped_release_metas",
-                "ModuleReleaseMetas of the KCP snapshot skipped for every Kyma because of their kymaSelector, by reason.",
-                &["reason"],
-            )?,
-            changes: IntCounter::new(
-                "catalogsync_catalog_changes_total",
-                "Catalog snapshots rebuilt after KCP changes (after debouncing).",
-            )
-            .and_then(|c| r.register(Box::new(c.clone())).map(|()| c))?,
-            requeued: IntCounter::new(
-                "catalogsync_catalog_requeued_kymas_total",
-                "Kymas requeued because a catalog change altered their desired catalog.",
-            )
-            .and_then(|c| r.register(Box::new(c.clone())).map(|()| c))?,
-            reachable: gauge_vec(
-                r,
-                "catalogsync_catalog_reachable_objects",
-                "Catalog objects some SKR gets, by kind, of the published and of the latest KCP catalog state.",
-                &["kind", "state"],
-            )?,
-            shrink_held: gauge(
-                r,
-                "catalogsync_catalog_shrink_held",
-                "1 while this replica holds back a catalog state that lost more than --catalog-shrink-threshold.",
-            )?,
-        })
-    }
-}
-
-/// The values of the bounded labels that are known up front, by metric. [`Metrics::new`]
-/// creates these series at zero, so that they are scraped before their first event: an
-/// alert on `rate(…{result="error"}[5m])` then sees a 0, not an absent series, and every
-/// documented metric is in `/metrics` of a fresh replica. (Series labelled by shard are
-/// created when the shard is taken, see [`SyncMetrics::init_shard`].)
-mod known {
-    /// `catalogsync_sync_objects_total` `kind` (the two catalog kinds) and `op`.
-    pub const OBJECT_KINDS: &[&str] = &["ModuleTemplate", "ModuleReleaseMeta"];
-    pub const OBJECT_OPS: &[&str] = &["applied", "unchanged", "pruned"];
-    /// `catalogsync_kyma_condition_writes_total` `status`.
-    pub const CONDITION_STATUSES: &[&str] = &["True", "False"];
-    /// `catalogsync_kymas_skipped_total` `reason`.
-    pub const SKIP_REASONS: &[&str] = &["deleting", "skip_reconciliation"];
-    /// `catalogsync_skr_requests_total` `verb` and `result`.
-    pub const SKR_VERBS: &[&str] = &["get", "list", "apply", "replace", "delete"];
-    pub const SKR_RESULTS: &[&str] = &["success", "not_found", "conflict", "error"];
-    /// `catalogsync_skr_client_evictions_total` `reason`.
-    pub const EVICTION_REASONS: &[&str] = &["secret_changed", "error", "released", "deleted"];
-    /// `catalogsync_shard_handovers_total` `op`.
-    pub const HANDOVER_OPS: &[&str] = &["claimed", "resumed", "drained", "released", "dropped"];
-    /// `catalogsync_member_renewals_total` and `catalogsync_sync_runs_total` `result`.
-    pub const RESULTS: &[&str] = &["success", "error"];
-    /// `catalogsync_catalog_skipped_release_metas` `reason`.
-    pub const SKIPPED_RELEASE_META_REASONS: &[&str] = &crate::catalog::Warning::REASONS;
-    /// `catalogsync_catalog_reachable_objects` `state`.
-    pub const REACHABLE_STATES: &[&str] = &["published", "latest"];
-}
-
 impl Metrics {
     /// Creates and registers all metrics in a fresh registry, with the series of every
-    /// known label value at zero.
+    /// known label value at zero: an alert on `rate(…{result="error"}[5m])` then sees a 0,
+    /// not an absent series, and every documented metric is in `/metrics` of a fresh
+    /// replica. Series labelled by shard are created when the shard is taken and removed
+    /// when it leaves ([`Metrics::shard_handover`]). The gauges of the shard agent's state
+    /// come with [`Metrics::observe_shards`].
     ///
     /// # Errors
     /// Fails when a metric is registered twice, a bug.
@@ -458,46 +104,40 @@ impl Metrics {
             shard: ShardMetrics::register(&registry)?,
             registry,
         };
-        metrics.init_known_series();
+        metrics.sync.init_known_series();
+        metrics.skr.init_known_series();
+        metrics.catalog.init_known_series();
+        metrics.shard.init_known_series();
         Ok(metrics)
     }
 
-    fn init_known_series(&self) {
-        use known::*;
-        let Self { sync, skr, catalog, shard, .. } = self;
-        for kind in OBJECT_KINDS {
-            for op in OBJECT_OPS {
-                sync.objects.with_label_values(&[kind, op]);
-            }
-            catalog.objects.with_label_values(&[kind]);
-            catalog.malformed.with_label_values(&[kind]);
-            for state in REACHABLE_STATES {
-                catalog.reachable.with_label_values(&[kind, state]);
-            }
+    /// Registers the scrape-time gauges of the shard agent's published view
+    /// (`catalogsync_shard_owned_clusters`, `catalogsync_shards_held`,
+    /// `catalogsync_shard_drain_oldest_seconds`).
+    ///
+    /// # Errors
+    /// Fails when called twice on one registry.
+    pub fn observe_shards(&self, shards: watch::Receiver<ShardsDebug>) -> prometheus::Result<()> {
+        self.registry.register(Box::new(shards::ShardCollector::new(shards)?))
+    }
+
+    /// Counts a shard ownership change of `shard`. A shard taken (`claimed`, `resumed`) gets
+    /// its per-shard series at zero; a shard that leaves (`released`, `dropped`) loses them
+    /// ([`Metrics::shard_left`]).
+    pub fn shard_handover(&self, shard: u32, op: HandoverOp) {
+        self.shard.handover(op);
+        match op {
+            HandoverOp::Claimed | HandoverOp::Resumed => self.sync.shard_taken(shard),
+            HandoverOp::Released | HandoverOp::Dropped => self.shard_left(shard),
+            HandoverOp::Drained => {}
         }
-        for reason in SKIPPED_RELEASE_META_REASONS {
-            catalog.skipped_release_metas.with_label_values(&[reason]);
-        }
-        for status in CONDITION_STATUSES {
-            sync.condition_writes.with_label_values(&[status]);
-        }
-        for reason in SKIP_REASONS {
-            sync.skipped.with_label_values(&[reason]);
-        }
-        for verb in SKR_VERBS {
-            for result in SKR_RESULTS {
-                skr.requests.with_label_values(&[verb, result]);
-            }
-        }
-        for reason in EVICTION_REASONS {
-            skr.evictions.with_label_values(&[reason]);
-        }
-        for op in HANDOVER_OPS {
-            shard.handovers.with_label_values(&[op]);
-        }
-        for result in RESULTS {
-            shard.renewals.with_label_values(&[result]);
-        }
+    }
+
+    /// Removes every series labelled with `shard`, now that this replica no longer holds it:
+    /// a replica reports only the shards it works on, so a shard's series are on one replica
+    /// at a time.
+    pub fn shard_left(&self, shard: u32) {
+        self.sync.shard_left(shard);
     }
 
     /// The registry, for scrape-time collectors registered by other components.
@@ -514,3 +154,624 @@ impl Metrics {
         String::from_utf8(buf).unwrap_or_default()
     }
 }
+
+/// How a sync of one SKR ended, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncOutcome {
+    /// The SKR holds the desired catalog.
+    Synced,
+    /// The sync failed for this reason.
+    Failed(ConditionReason),
+}
+
+/// Metrics of SKR syncs.
+#[derive(Clone)]
+pub struct SyncMetrics {
+    /// `catalogsync_sync_runs_total{shard,result}`.
+    runs: IntCounterVec,
+    /// `catalogsync_sync_errors_total{shard,reason}`.
+    errors: IntCounterVec,
+    /// `catalogsync_sync_duration_seconds{shard}`.
+    duration: HistogramVec,
+    /// `catalogsync_sync_objects_total{kind,op}`.
+    objects: IntCounterVec,
+    /// `catalogsync_syncs_in_flight`.
+    in_flight: IntGauge,
+    /// `catalogsync_queue_depth{shard}`.
+    queue_depth: IntGaugeVec,
+    /// `catalogsync_kyma_condition_writes_total{status}`.
+    condition_writes: IntCounterVec,
+    /// `catalogsync_kymas_skipped_total{reason}`.
+    skipped: IntCounterVec,
+}
+
+impl SyncMetrics {
+    /// Registers the sync metrics.
+    ///
+    /// # Errors
+    /// Fails when a metric is registered twice.
+    pub fn register(r: &Registry) -> prometheus::Result<Self> {
+        Ok(Self {
+            runs: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new("catalogsync_sync_runs_total", "Syncs of one SKR, by shard and result (success, error)."),
+                    &["shard", "result"],
+                ),
+            )?,
+            errors: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "catalogsync_sync_errors_total",
+                        "Failed syncs, by shard and ModuleCatalog condition reason.",
+                    ),
+                    &["shard", "reason"],
+                ),
+            )?,
+            duration: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "catalogsync_sync_duration_seconds",
+                        "Duration of one sync of one SKR, in seconds.",
+                    )
+                    .buckets(SYNC_BUCKETS.to_vec()),
+                    &["shard"],
+                ),
+            )?,
+            objects: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "catalogsync_sync_objects_total",
+                        "Catalog objects handled in SKRs, by kind and operation (applied, unchanged, pruned).",
+                    ),
+                    &["kind", "op"],
+                ),
+            )?,
+            in_flight: register(r, IntGauge::new("catalogsync_syncs_in_flight", "SKR syncs running now."))?,
+            queue_depth: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "catalogsync_queue_depth",
+                        "Kymas requeued for a catalog change whose sync has not finished yet, by shard.",
+                    ),
+                    &["shard"],
+                ),
+            )?,
+            condition_writes: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "catalogsync_kyma_condition_writes_total",
+                        "Writes of a Kyma's ModuleCatalog condition, by condition status.",
+                    ),
+                    &["status"],
+                ),
+            )?,
+            skipped: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "catalogsync_kymas_skipped_total",
+                        "Reconciles that left a Kyma alone, by reason (deleting, skip_reconciliation).",
+                    ),
+                    &["reason"],
+                ),
+            )?,
+        })
+    }
+
+    fn init_known_series(&self) {
+        precreate2::<_, CatalogKind, ObjectOp>(&self.objects);
+        precreate::<_, ConditionStatus>(&self.condition_writes);
+        precreate::<_, SkipReason>(&self.skipped);
+    }
+
+    /// Creates the series of `shard` at zero (runs by result, duration, queue depth), so that
+    /// a shard's rates and latencies are scraped from the moment this replica takes it.
+    /// Error series (by condition reason) appear with the first error.
+    pub fn shard_taken(&self, shard: u32) {
+        let shard = shard.to_string();
+        for result in SyncResult::ALL {
+            self.runs.with_label_values(&[shard.as_str(), result.as_str()]);
+        }
+        self.duration.with_label_values(&[shard.as_str()]);
+        self.queue_depth.with_label_values(&[shard.as_str()]);
+    }
+
+    /// Removes every series of `shard`.
+    fn shard_left(&self, shard: u32) {
+        let shard = shard.to_string();
+        // A series that was never created is not there to remove; that is fine.
+        for result in SyncResult::ALL {
+            let _ = self.runs.remove_label_values(&[shard.as_str(), result.as_str()]);
+        }
+        for reason in ConditionReason::ALL {
+            let _ = self.errors.remove_label_values(&[shard.as_str(), reason.as_str()]);
+        }
+        let _ = self.duration.remove_label_values(&[shard.as_str()]);
+        let _ = self.queue_depth.remove_label_values(&[shard.as_str()]);
+    }
+
+    /// Starts timing a sync of a Kyma in `shard`; the returned guard records the duration
+    /// when dropped.
+    pub fn measure(&self, shard: u32) -> SyncTimer {
+        self.in_flight.inc();
+        SyncTimer { start: Instant::now(), shard: shard.to_string(), metrics: self.clone() }
+    }
+
+    /// Counts a finished sync of a Kyma in `shard` (its duration is the [`SyncTimer`]'s).
+    pub fn finished(&self, shard: u32, outcome: SyncOutcome) {
+        let shard = shard.to_string();
+        match outcome {
+            SyncOutcome::Synced => self.runs.with_label_values(&[shard.as_str(), SyncResult::Success.as_str()]).inc(),
+            SyncOutcome::Failed(reason) => {
+                self.runs.with_label_values(&[shard.as_str(), SyncResult::Error.as_str()]).inc();
+                self.errors.with_label_values(&[shard.as_str(), reason.as_str()]).inc();
+            }
+        }
+    }
+
+    /// Counts a failed write of the `ModuleCatalog` condition of a Kyma in `shard`, after its
+    /// sync was counted.
+    pub fn condition_write_failed(&self, shard: u32) {
+        let reason = ConditionReason::ConditionWriteFailed;
+        self.errors.with_label_values(&[shard.to_string().as_str(), reason.as_str()]).inc();
+    }
+
+    /// Counts `n` catalog objects that a successful sync handled with `op`.
+    pub fn synced_objects(&self, kind: CatalogKind, op: ObjectOp, n: usize) {
+        self.objects.with_label_values(&[kind.as_str(), op.as_str()]).inc_by(n as u64);
+    }
+
+    /// Sets the number of requeued Kymas of `shard` whose sync has not finished yet.
+    pub fn queue_depth(&self, shard: u32, depth: usize) {
+        self.queue_depth.with_label_values(&[shard.to_string().as_str()]).set(count(depth));
+    }
+
+    /// Counts a write of a Kyma's `ModuleCatalog` condition.
+    pub fn condition_written(&self, status: ConditionStatus) {
+        self.condition_writes.with_label_values(&[status.as_str()]).inc();
+    }
+
+    /// Counts a reconcile that left a Kyma alone.
+    pub fn skipped(&self, reason: SkipReason) {
+        self.skipped.with_label_values(&[reason.as_str()]).inc();
+    }
+}
+
+/// Records a sync's duration and in-flight count when dropped.
+pub struct SyncTimer {
+    start: Instant,
+    shard: String,
+    metrics: SyncMetrics,
+}
+
+impl Drop for SyncTimer {
+    fn drop(&mut self) {
+        self.metrics.duration.with_label_values(&[self.shard.as_str()]).observe(self.start.elapsed().as_secs_f64());
+        self.metrics.in_flight.dec();
+    }
+}
+
+/// Metrics of the SKR clients.
+#[derive(Clone)]
+pub struct SkrClientMetrics {
+    /// `catalogsync_skr_requests_total{verb,result}`.
+    requests: IntCounterVec,
+    /// `catalogsync_skr_clients`.
+    clients: IntGauge,
+    /// `catalogsync_skr_client_evictions_total{reason}`.
+    evictions: IntCounterVec,
+    /// `catalogsync_skr_insecure_tls_allowed`.
+    insecure_tls_allowed: IntGauge,
+}
+
+impl SkrClientMetrics {
+    /// Registers the SKR client metrics.
+    ///
+    /// # Errors
+    /// Fails when a metric is registered twice.
+    pub fn register(r: &Registry) -> prometheus::Result<Self> {
+        Ok(Self {
+            requests: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "catalogsync_skr_requests_total",
+                        "Requests to SKR apiservers, by verb (get, list, apply, replace, delete) and result (success, not_found, conflict, error).",
+                    ),
+                    &["verb", "result"],
+                ),
+            )?,
+            clients: register(
+                r,
+                IntGauge::new(
+                    "catalogsync_skr_clients",
+                    "SKRs whose access (parsed kubeconfig and sync state) this replica caches; a client exists only during a sync.",
+                ),
+            )?,
+            evictions: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "catalogsync_skr_client_evictions_total",
+                        "Cached SKR accesses dropped, by reason (secret_changed, error, released, deleted).",
+                    ),
+                    &["reason"],
+                ),
+            )?,
+            insecure_tls_allowed: register(
+                r,
+                IntGauge::new(
+                    "catalogsync_skr_insecure_tls_allowed",
+                    "1 while --allow-insecure-skr-tls lets SKR kubeconfigs switch TLS verification off (local development only), else 0.",
+                ),
+            )?,
+        })
+    }
+
+    fn init_known_series(&self) {
+        precreate2::<_, SkrVerb, RequestResult>(&self.requests);
+        precreate::<_, EvictionReason>(&self.evictions);
+    }
+
+    /// Counts one SKR request and how it ended.
+    pub fn request<T>(&self, verb: SkrVerb, result: &Result<T, kube::Error>) {
+        self.requests.with_label_values(&[verb.as_str(), RequestResult::of(result).as_str()]).inc();
+    }
+
+    /// Sets the number of cached SKR accesses.
+    pub fn cached_clients(&self, n: usize) {
+        self.clients.set(count(n));
+    }
+
+    /// Counts a cached SKR access dropped.
+    pub fn evicted(&self, reason: EvictionReason) {
+        self.evictions.with_label_values(&[reason.as_str()]).inc();
+    }
+
+    /// Reports that `--allow-insecure-skr-tls` is on.
+    pub fn insecure_tls_allowed(&self) {
+        self.insecure_tls_allowed.set(1);
+    }
+
+    /// The count of SKR requests of `verb` that ended with `result`.
+    #[cfg(test)]
+    pub fn requests(&self, verb: SkrVerb, result: RequestResult) -> u64 {
+        self.requests.with_label_values(&[verb.as_str(), result.as_str()]).get()
+    }
+}
+
+/// Metrics of the KCP catalog.
+#[derive(Clone)]
+pub struct CatalogMetrics {
+    /// `catalogsync_catalog_objects{kind}`.
+    objects: IntGaugeVec,
+    /// `catalogsync_catalog_malformed_objects{kind}`.
+    malformed: IntGaugeVec,
+    /// `catalogsync_catalog_skipped_release_metas{reason}`.
+    skipped_release_metas: IntGaugeVec,
+    /// `catalogsync_catalog_changes_total`.
+    changes: IntCounter,
+    /// `catalogsync_catalog_requeued_kymas_total`.
+    requeued: IntCounter,
+    /// `catalogsync_catalog_reachable_objects{kind,state}`.
+    reachable: IntGaugeVec,
+    /// `catalogsync_catalog_shrink_held`.
+    shrink_held: IntGauge,
+}
+
+impl CatalogMetrics {
+    /// Registers the catalog metrics.
+    ///
+    /// # Errors
+    /// Fails when a metric is registered twice.
+    pub fn register(r: &Registry) -> prometheus::Result<Self> {
+        Ok(Self {
+            objects: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new("catalogsync_catalog_objects", "Catalog objects in the KCP snapshot, by kind."),
+                    &["kind"],
+                ),
+            )?,
+            malformed: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "catalogsync_catalog_malformed_objects",
+                        "KCP catalog objects left out because they do not parse, by kind.",
+                    ),
+                    &["kind"],
+                ),
+            )?,
+            skipped_release_metas: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "catalogsync_catalog_skipped_release_metas",
+                        "ModuleReleaseMetas of the KCP snapshot skipped for every Kyma because of their kymaSelector, by reason.",
+                    ),
+                    &["reason"],
+                ),
+            )?,
+            changes: register(
+                r,
+                IntCounter::new(
+                    "catalogsync_catalog_changes_total",
+                    "Catalog snapshots rebuilt after KCP changes (after debouncing).",
+                ),
+            )?,
+            requeued: register(
+                r,
+                IntCounter::new(
+                    "catalogsync_catalog_requeued_kymas_total",
+                    "Kymas requeued because a catalog change altered their desired catalog.",
+                ),
+            )?,
+            reachable: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "catalogsync_catalog_reachable_objects",
+                        "Catalog objects some SKR gets, by kind, of the published and of the latest KCP catalog state.",
+                    ),
+                    &["kind", "state"],
+                ),
+            )?,
+            shrink_held: register(
+                r,
+                IntGauge::new(
+                    "catalogsync_catalog_shrink_held",
+                    "1 while this replica holds back a catalog state that lost more than --catalog-shrink-threshold.",
+                ),
+            )?,
+        })
+    }
+
+    fn init_known_series(&self) {
+        precreate::<_, CatalogKind>(&self.objects);
+        precreate::<_, CatalogKind>(&self.malformed);
+        precreate2::<_, CatalogKind, ReachableState>(&self.reachable);
+        precreate::<_, WarningReason>(&self.skipped_release_metas);
+    }
+
+    /// Sets the number of objects of `kind` in the published snapshot.
+    pub fn objects(&self, kind: CatalogKind, n: usize) {
+        self.objects.with_label_values(&[kind.as_str()]).set(count(n));
+    }
+
+    /// Sets the number of objects of `kind` left out of the snapshot because they do not parse.
+    pub fn malformed(&self, kind: CatalogKind, n: usize) {
+        self.malformed.with_label_values(&[kind.as_str()]).set(count(n));
+    }
+
+    /// Sets the number of ModuleReleaseMetas no Kyma gets, for `reason`.
+    pub fn skipped_release_metas(&self, reason: WarningReason, n: usize) {
+        self.skipped_release_metas.with_label_values(&[reason.as_str()]).set(count(n));
+    }
+
+    /// Counts a catalog snapshot published after KCP changes.
+    pub fn changed(&self) {
+        self.changes.inc();
+    }
+
+    /// Counts `n` Kymas requeued by a catalog change.
+    pub fn requeued(&self, n: usize) {
+        self.requeued.inc_by(n as u64);
+    }
+
+    /// Sets the number of reachable objects of `kind` in the catalog `state`.
+    pub fn reachable(&self, kind: CatalogKind, state: ReachableState, n: usize) {
+        self.reachable.with_label_values(&[kind.as_str(), state.as_str()]).set(count(n));
+    }
+
+    /// Reports whether a catalog state is held back.
+    pub fn shrink_held(&self, held: bool) {
+        self.shrink_held.set(i64::from(held));
+    }
+}
+
+/// Metrics of membership, shard ownership and the coordinator. The gauges of the shard
+/// agent's state are computed at scrape time ([`shards::ShardCollector`]).
+#[derive(Clone)]
+pub struct ShardMetrics {
+    /// `catalogsync_shard_handovers_total{op}`.
+    handovers: IntCounterVec,
+    /// `catalogsync_shard_handover_duration_seconds`.
+    handover_duration: Histogram,
+    /// `catalogsync_shard_assignments_total`.
+    assignments: IntCounter,
+    /// `catalogsync_shard_forced_takeovers_total`.
+    forced_takeovers: IntCounter,
+    /// `catalogsync_unowned_clusters`.
+    unowned_clusters: IntGauge,
+    /// `catalogsync_unowned_oldest_seconds`.
+    unowned_oldest: Gauge,
+    /// `catalogsync_is_coordinator`.
+    is_coordinator: IntGauge,
+    /// `catalogsync_member_fenced`.
+    fenced: IntGauge,
+    /// `catalogsync_member_identity_conflict`.
+    identity_conflict: IntGauge,
+    /// `catalogsync_shard_count_mismatch`.
+    shard_count_mismatch: IntGauge,
+    /// `catalogsync_member_renewals_total{result}`.
+    renewals: IntCounterVec,
+    /// `catalogsync_live_members`.
+    live_members: IntGauge,
+}
+
+impl ShardMetrics {
+    /// Registers the sharding metrics.
+    ///
+    /// # Errors
+    /// Fails when a metric is registered twice.
+    pub fn register(r: &Registry) -> prometheus::Result<Self> {
+        Ok(Self {
+            handovers: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "catalogsync_shard_handovers_total",
+                        "Shard ownership changes made by this replica, by operation (claimed, resumed, drained, released, dropped).",
+                    ),
+                    &["op"],
+                ),
+            )?,
+            handover_duration: register(
+                r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "catalogsync_shard_handover_duration_seconds",
+                        "Time from the coordinator naming a new holder of a shard to that holder claiming it, in seconds.",
+                    )
+                    .buckets(HANDOVER_BUCKETS.to_vec()),
+                ),
+            )?,
+            assignments: register(
+                r,
+                IntCounter::new(
+                    "catalogsync_shard_assignments_total",
+                    "Desired-holder changes the coordinator wrote to shard Leases.",
+                ),
+            )?,
+            forced_takeovers: register(
+                r,
+                IntCounter::new(
+                    "catalogsync_shard_forced_takeovers_total",
+                    "Shards the coordinator released because their holder's member Lease had expired.",
+                ),
+            )?,
+            unowned_clusters: register(
+                r,
+                IntGauge::new(
+                    "catalogsync_unowned_clusters",
+                    "SKRs whose shard has no live holder (coordinator only; 0 elsewhere).",
+                ),
+            )?,
+            unowned_oldest: register(
+                r,
+                Gauge::new(
+                    "catalogsync_unowned_oldest_seconds",
+                    "Age of the oldest shard without a live holder, in seconds (coordinator only; 0 elsewhere).",
+                ),
+            )?,
+            is_coordinator: register(
+                r,
+                IntGauge::new("catalogsync_is_coordinator", "1 when this replica is the coordinator, else 0."),
+            )?,
+            fenced: register(
+                r,
+                IntGauge::new(
+                    "catalogsync_member_fenced",
+                    "1 when this replica stopped SKR writes because its member Lease was not renewed in time.",
+                ),
+            )?,
+            identity_conflict: register(
+                r,
+                IntGauge::new(
+                    "catalogsync_member_identity_conflict",
+                    "1 while another process renews the member Lease of this replica's identity, so this one stays fenced.",
+                ),
+            )?,
+            shard_count_mismatch: register(
+                r,
+                IntGauge::new(
+                    "catalogsync_shard_count_mismatch",
+                    "1 while this replica's --shards differs from the shard count recorded in the config Lease, so it stays fenced.",
+                ),
+            )?,
+            renewals: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "catalogsync_member_renewals_total",
+                        "Renewals of this replica's member Lease, by result (success, error).",
+                    ),
+                    &["result"],
+                ),
+            )?,
+            live_members: register(
+                r,
+                IntGauge::new("catalogsync_live_members", "Replicas with an unexpired member Lease, as seen here."),
+            )?,
+        })
+    }
+
+    fn init_known_series(&self) {
+        precreate::<_, HandoverOp>(&self.handovers);
+        precreate::<_, RenewalResult>(&self.renewals);
+    }
+
+    /// Counts a shard ownership change; see [`Metrics::shard_handover`], which also keeps
+    /// the per-shard series.
+    fn handover(&self, op: HandoverOp) {
+        self.handovers.with_label_values(&[op.as_str()]).inc();
+    }
+
+    /// Records the time from the coordinator naming this replica the holder of a shard to
+    /// this replica claiming it.
+    pub fn handover_took(&self, seconds: f64) {
+        self.handover_duration.observe(seconds.max(0.0));
+    }
+
+    /// Counts a desired-holder change the coordinator wrote.
+    pub fn assigned(&self) {
+        self.assignments.inc();
+    }
+
+    /// Counts a shard the coordinator released because its holder's member Lease expired.
+    pub fn forced_takeover(&self) {
+        self.forced_takeovers.inc();
+    }
+
+    /// Reports the SKRs whose shard has no live holder, and how long the oldest such shard
+    /// has been without one (the coordinator's view; zeros elsewhere).
+    pub fn unowned(&self, clusters: usize, oldest_seconds: f64) {
+        self.unowned_clusters.set(count(clusters));
+        self.unowned_oldest.set(oldest_seconds);
+    }
+
+    /// Reports whether this replica is the coordinator.
+    pub fn coordinating(&self, leading: bool) {
+        self.is_coordinator.set(i64::from(leading));
+    }
+
+    /// Whether this replica reported itself the coordinator last.
+    pub fn is_coordinator(&self) -> bool {
+        self.is_coordinator.get() == 1
+    }
+
+    /// Reports whether this replica's SKR writes are fenced.
+    pub fn fenced(&self, fenced: bool) {
+        self.fenced.set(i64::from(fenced));
+    }
+
+    /// Reports whether another process renews this identity's member Lease.
+    pub fn identity_conflict(&self, conflict: bool) {
+        self.identity_conflict.set(i64::from(conflict));
+    }
+
+    /// Reports whether this replica's shard count differs from the recorded one.
+    pub fn shard_count_mismatch(&self, mismatch: bool) {
+        self.shard_count_mismatch.set(i64::from(mismatch));
+    }
+
+    /// Counts a renewal of this replica's member Lease.
+    pub fn renewal(&self, result: RenewalResult) {
+        self.renewals.with_label_values(&[result.as_str()]).inc();
+    }
+
+    /// Reports the number of replicas with an unexpired member Lease (coordinator only).
+    pub fn live_members(&self, n: usize) {
+        self.live_members.set(count(n));
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,36 +1,41 @@
-//! `docs/metrics.md` documents exactly the metrics catalogsync registers, each with its type
-//! and label names.
+//! `docs/metrics.md` documents exactly the metrics catalogsync registers, each with its type,
+//! label names and label values, and exactly the `ModuleCatalog` condition reasons.
 //!
 //! The registered metrics come from two places, so that a new metric cannot slip through:
 //!
-//! - the registry of [`Metrics::new`], gathered after every labelled metric was given one
-//!   label combination (a labelled metric with no combination yet is not gathered at all);
+//! - the registry of [`Metrics::new`] with the scrape-time shard gauges, gathered after a
+//!   shard was taken and failed once with every counted reason (a labelled metric with no
+//!   series yet is not gathered at all);
 //! - every string literal in `src/` that is a whole metric name (`"catalogsync_…"`), which
 //!   covers a metric this test does not know about yet.
+//!
+//! Label values come from the label enums: [`Metrics::new`] creates a series for every value
+//! of each (its unit tests check that), so the values gathered here are the enums' `ALL`.
 #![allow(clippy::panic)] // Test helpers report failures by panicking.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use catalogsync::metrics::Metrics;
-use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
+use catalogsync::error::ConditionReason;
+use catalogsync::label::Label;
+use catalogsync::metrics::{HandoverOp, Metrics, RequestResult, SkrVerb, SyncOutcome, SyncResult};
+use catalogsync::sharding::agent::{ShardRow, ShardState, ShardsDebug};
 use prometheus::proto::MetricType;
 
 use testenv::docs;
 
-use docs::{METRIC_PREFIX as PREFIX, METRICS_DOC as DOC, documented_metrics as documented, label_names, repo_path};
+use docs::{
+    METRIC_PREFIX as PREFIX, METRICS_DOC as DOC, documented_metrics as documented, label_names, label_values, read,
+    repo_path,
+};
 
 /// One metric family as registered.
 #[derive(Debug)]
 struct Registered {
     kind: &'static str,
     labels: BTreeSet<String>,
-}
-
-/// Gives a labelled metric one label combination, so that the registry gathers it.
-fn touch<T: MetricVecBuilder>(vec: &MetricVec<T>) {
-    let labels = vec.desc().first().map_or(0, |d| d.variable_labels.len());
-    vec.with_label_values(&vec!["placeholder"; labels]);
+    /// Every value of each label, over all series.
+    values: BTreeMap<String, BTreeSet<String>>,
 }
 
 fn type_name(t: MetricType) -> &'static str {
@@ -43,36 +48,50 @@ fn type_name(t: MetricType) -> &'static str {
     }
 }
 
-/// Every family of [`Metrics::new`]'s registry, with each labelled metric touched first.
-fn registered() -> BTreeMap<String, Registered> {
+/// The label whose values are a range, not a list.
+const SHARD: &str = "shard";
+
+/// A fresh replica's metrics with every labelled metric given its series: shard 0 taken and
+/// held, one failure of every reason counted in `catalogsync_sync_errors_total`.
+fn populated() -> Metrics {
     let metrics = Metrics::new().expect("metrics register");
-    let Metrics { sync, skr, catalog, shard, .. } = &metrics;
-    touch(&sync.runs);
-    touch(&sync.errors);
-    touch(&sync.duration);
-    touch(&sync.queue_depth);
-    touch(&sync.objects);
-    touch(&sync.condition_writes);
-    touch(&sync.skipped);
-    touch(&skr.requests);
-    touch(&skr.evictions);
-    touch(&catalog.objects);
-    touch(&catalog.malformed);
-    touch(&catalog.skipped_release_metas);
-    touch(&shard.owned_clusters);
-    touch(&shard.handovers);
-    touch(&shard.renewals);
+    metrics.shard_handover(0, HandoverOp::Claimed);
+    for &reason in ConditionReason::ALL.iter().filter(|r| r.counts_as_sync_error()) {
+        match reason {
+            ConditionReason::ConditionWriteFailed => metrics.sync.condition_write_failed(0),
+            reason => metrics.sync.finished(0, SyncOutcome::Failed(reason)),
+        }
+    }
+    metrics.sync.queue_depth(0, 0);
+    let held = ShardRow {
+        shard: 0,
+        holder: "me".to_owned(),
+        desired: "me".to_owned(),
+        state: ShardState::Active,
+        draining_since: None,
+        in_flight: 0,
+        clusters: 1,
+    };
+    let (_, view) = tokio::sync::watch::channel(ShardsDebug { rows: vec![held], ..ShardsDebug::default() });
+    metrics.observe_shards(view).expect("shard gauges register");
     metrics
+}
+
+/// Every family of [`populated`]'s registry.
+fn registered() -> BTreeMap<String, Registered> {
+    populated()
         .registry()
         .gather()
         .iter()
         .map(|family| {
-            let labels = family
-                .get_metric()
-                .first()
-                .map(|m| m.get_label().iter().map(|l| l.name().to_owned()).collect())
-                .unwrap_or_default();
-            (family.name().to_owned(), Registered { kind: type_name(family.get_field_type()), labels })
+            let mut values: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            for metric in family.get_metric() {
+                for label in metric.get_label() {
+                    values.entry(label.name().to_owned()).or_default().insert(label.value().to_owned());
+                }
+            }
+            let labels = values.keys().cloned().collect();
+            (family.name().to_owned(), Registered { kind: type_name(family.get_field_type()), labels, values })
         })
         .collect()
 }
@@ -145,8 +164,67 @@ fn every_registered_metric_is_documented_and_nothing_else() {
         if row.labels != have.labels {
             problems.push(format!("{name} has labels {:?} but {DOC} lists {:?}", have.labels, row.labels));
         }
+        for (label, values) in have.values.iter().filter(|(label, _)| *label != SHARD) {
+            let listed = row.values.get(label).cloned().unwrap_or_default();
+            if &listed != values {
+                problems.push(format!("{name} has {label} values {values:?} but {DOC} lists {listed:?}"));
+            }
+        }
     }
     assert!(problems.is_empty(), "docs/metrics.md and the code disagree:\n  {}", problems.join("\n  "));
+}
+
+/// The rows of the condition reason table of `docs/metrics.md`: reason, status, whether an
+/// Event is published.
+fn documented_reasons() -> Vec<(String, String, bool)> {
+    read(DOC)
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let [before, reason, status, event, ..] = cells[..] else { return None };
+            let reason = reason.strip_prefix('`')?.strip_suffix('`')?;
+            let status_column = status == "True" || status == "False";
+            (before.is_empty() && status_column).then(|| (reason.to_owned(), status.to_owned(), event == "event"))
+        })
+        .collect()
+}
+
+#[test]
+fn the_condition_reasons_are_documented_with_status_and_event() {
+    let want: Vec<(String, String, bool)> = ConditionReason::ALL
+        .iter()
+        .filter(|r| r.reaches_condition())
+        .map(|&r| {
+            let status = if r == ConditionReason::CatalogSynced { "True" } else { "False" };
+            (r.as_str().to_owned(), status.to_owned(), r.needs_human())
+        })
+        .collect();
+    assert_eq!(documented_reasons(), want, "the reason table of {DOC} and ConditionReason disagree");
+    // The two that never reach a condition are named in the text below the table.
+    let text = read(DOC);
+    for reason in ConditionReason::ALL.iter().filter(|r| !r.reaches_condition()) {
+        assert!(text.contains(&format!("`{reason}`")), "{DOC} does not explain {reason}");
+    }
+}
+
+/// The texts of the values of `L` that `keep` keeps.
+fn texts<L: Label>(keep: impl Fn(L) -> bool) -> BTreeSet<String> {
+    L::ALL.iter().copied().filter(|l| keep(*l)).map(|l| l.as_str().to_owned()).collect()
+}
+
+#[test]
+fn every_label_enum_value_is_a_series() {
+    // End to end, for a few: every value of the enum is scraped, and nothing else.
+    let registry = registered();
+    let values = |name: &str, label: &str| registry[name].values[label].clone();
+    assert_eq!(values("catalogsync_shard_handovers_total", "op"), texts::<HandoverOp>(|_| true));
+    assert_eq!(values("catalogsync_sync_runs_total", "result"), texts::<SyncResult>(|_| true));
+    assert_eq!(values("catalogsync_skr_requests_total", "verb"), texts::<SkrVerb>(|_| true));
+    assert_eq!(values("catalogsync_skr_requests_total", "result"), texts::<RequestResult>(|_| true));
+    assert_eq!(
+        values("catalogsync_sync_errors_total", "reason"),
+        texts::<ConditionReason>(ConditionReason::counts_as_sync_error)
+    );
 }
 
 #[test]
@@ -156,4 +234,7 @@ fn label_names_are_read_from_the_labels_column() {
         BTreeSet::from(["kind".to_owned(), "op".to_owned()])
     );
     assert!(label_names("none").is_empty());
+    let values = label_values("`kind`: `ModuleTemplate`, `ModuleReleaseMeta`<br>`op`: `applied`, `pruned`");
+    assert_eq!(values["op"], BTreeSet::from(["applied".to_owned(), "pruned".to_owned()]));
+    assert_eq!(values.len(), 2);
 }

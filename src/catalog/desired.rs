@@ -93,15 +93,23 @@ pub enum Warning {
     },
 }
 
-impl Warning {
-    /// Every [`Warning::reason`], for pre-created metric series.
-    pub const REASONS: [&'static str; 2] = ["invalid_selector", "selector_on_unrestricted_module"];
+crate::label_enum! {
+    /// The kind of a [`Warning`]: the `reason` label of
+    /// `catalogsync_catalog_skipped_release_metas`.
+    pub enum WarningReason {
+        /// [`Warning::InvalidSelector`].
+        InvalidSelector => "invalid_selector",
+        /// [`Warning::SelectorOnUnrestrictedModule`].
+        SelectorOnUnrestrictedModule => "selector_on_unrestricted_module",
+    }
+}
 
+impl Warning {
     /// The kind of warning, as a bounded metric label value.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> WarningReason {
         match self {
-            Warning::InvalidSelector { .. } => "invalid_selector",
-            Warning::SelectorOnUnrestrictedModule { .. } => "selector_on_unrestricted_module",
+            Warning::InvalidSelector { .. } => WarningReason::InvalidSelector,
+            Warning::SelectorOnUnrestrictedModule { .. } => WarningReason::SelectorOnUnrestrictedModule,
         }
     }
 }

@@ -16,7 +16,7 @@ pub mod render;
 pub mod selector;
 pub mod snapshot;
 
-pub use desired::{Desired, DesiredObject, DesiredSet, DesiredSets, Profile, Warning, desired_set};
+pub use desired::{Desired, DesiredObject, DesiredSet, DesiredSets, Profile, Warning, WarningReason, desired_set};
 pub use plan::{KindMemory, Observed, Orphan, Plan, plan};
 pub use snapshot::{MrmView, MtView, Snapshot};
 
@@ -62,6 +62,14 @@ impl CatalogKind {
             CatalogKind::ModuleTemplate => kube::api::ApiResource::erase::<crate::api::ModuleTemplate>(&()),
             CatalogKind::ModuleReleaseMeta => kube::api::ApiResource::erase::<crate::api::ModuleReleaseMeta>(&()),
         }
+    }
+}
+
+impl crate::label::Label for CatalogKind {
+    const ALL: &'static [Self] = &CatalogKind::ALL;
+
+    fn as_str(self) -> &'static str {
+        CatalogKind::as_str(self)
     }
 }
 

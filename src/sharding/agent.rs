@@ -16,13 +16,29 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::api::Kyma;
-use crate::metrics::{ShardMetrics, SyncMetrics};
+use crate::metrics::{HandoverOp, Metrics};
 use crate::sharding::handover::{Action, Facts, Local, decide};
 use crate::sharding::lease::{self, claimed, handover_started, holder_nonce, is_shard, released, shard_number};
 use crate::sharding::{ShardView, Timing};
 
 /// Called with the Kymas of a shard this replica stopped working on (to drop their clients).
 pub type OnRelease = Arc<dyn Fn(&[ObjectRef<Kyma>]) + Send + Sync>;
+
+crate::label_enum! {
+    /// What this replica does with a shard, as `/debug/shards` shows it.
+    #[derive(Serialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum ShardState {
+        /// Not held here.
+        Idle => "idle",
+        /// Held and worked on.
+        Active => "active",
+        /// Assigned elsewhere; in-flight syncs are ending.
+        Draining => "draining",
+        /// Offered here; waiting before the first write.
+        Pending => "pending",
+    }
+}
 
 /// One row of the shard view served at `/debug/shards`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -33,8 +49,11 @@ pub struct ShardRow {
     pub holder: String,
     /// Desired holder set by the coordinator.
     pub desired: String,
-    /// This replica's state: idle, active or draining.
-    pub state: &'static str,
+    /// This replica's state: idle, active, draining or pending.
+    pub state: ShardState,
+    /// Since when the shard drains, while it does (not served).
+    #[serde(skip)]
+    pub draining_since: Option<Instant>,
     /// Syncs in flight here.
     pub in_flight: usize,
     /// Kymas in the shard.
@@ -79,10 +98,9 @@ pub struct Agent {
     pub requeue: mpsc::Sender<ObjectRef<Kyma>>,
     /// Called for the Kymas of a shard given up.
     pub on_release: OnRelease,
-    /// Metrics.
-    pub metrics: ShardMetrics,
-    /// Sync metrics, whose series of a shard are created when the shard is taken.
-    pub sync_metrics: SyncMetrics,
+    /// Metrics; the per-shard series of a shard are created when it is taken and removed
+    /// when it leaves.
+    pub metrics: Metrics,
     /// Published shard view.
     pub debug: watch::Sender<ShardsDebug>,
     /// Beaten every round and before every Lease write.
@@ -153,7 +171,7 @@ impl Agent {
             let idx = shard as usize;
             let Some(lease) = leases.get(&shard) else {
                 if local[idx] != Local::Idle {
-                    self.drop_shard(shard, local, "dropped");
+                    self.drop_shard(shard, local, HandoverOp::Dropped);
                 }
                 continue;
             };
@@ -162,7 +180,7 @@ impl Agent {
             let held = matches!(local[idx], Local::Active | Local::Draining(_));
             if held && uids.get(&shard).is_some_and(|uid| lease.uid().as_deref() != Some(uid.as_str())) {
                 warn!(shard, "Shard Lease was replaced since it was claimed; stopped working on the shard");
-                self.drop_shard(shard, local, "dropped");
+                self.drop_shard(shard, local, HandoverOp::Dropped);
                 continue;
             }
             let st = lease::state(lease);
@@ -199,9 +217,9 @@ impl Agent {
                         Ok(()) => {
                             if let Some(started) = handover_started(lease) {
                                 let secs = Timestamp::now().duration_since(started).as_secs_f64();
-                                self.metrics.handover_duration.observe(secs.max(0.0));
+                                self.metrics.shard.handover_took(secs);
                             }
-                            self.activate(shard, local, "claimed").await;
+                            self.activate(shard, local, HandoverOp::Claimed).await;
                         }
                         Err(error) => {
                             debug!(shard, error = &error as &dyn std::error::Error, "Lost the race to claim a shard")
@@ -212,7 +230,7 @@ impl Agent {
                     // Confirm with a write: the cache may be stale (after a fence).
                     let next = claimed(lease, &self.identity, &self.nonce, Timestamp::now());
                     match self.write(shard, lease, next, written, uids).await {
-                        Ok(()) => self.activate(shard, local, "resumed").await,
+                        Ok(()) => self.activate(shard, local, HandoverOp::Resumed).await,
                         Err(error) => {
                             debug!(shard, error = &error as &dyn std::error::Error, "Could not resume a shard")
                         }
@@ -221,17 +239,17 @@ impl Agent {
                 Action::StartDrain => {
                     self.view.set_active(shard, false);
                     local[idx] = Local::Draining(now);
-                    self.metrics.handovers.with_label_values(&["drained"]).inc();
+                    self.metrics.shard_handover(shard, HandoverOp::Drained);
                     info!(shard, in_flight = facts.in_flight, "Draining shard");
                 }
                 Action::Release => {
                     let next = released(lease, Timestamp::now());
                     match self.write(shard, lease, next, written, uids).await {
-                        Ok(()) => self.drop_shard(shard, local, "released"),
+                        Ok(()) => self.drop_shard(shard, local, HandoverOp::Released),
                         Err(error) => warn!(shard, error = &error as &dyn std::error::Error, "Failed to release shard"),
                     }
                 }
-                Action::Drop => self.drop_shard(shard, local, "dropped"),
+                Action::Drop => self.drop_shard(shard, local, HandoverOp::Dropped),
             }
         }
         self.publish(&leases, local);
@@ -251,13 +269,12 @@ impl Agent {
         Ok(())
     }
 
-    async fn activate(&self, shard: u32, local: &mut [Local], op: &'static str) {
+    async fn activate(&self, shard: u32, local: &mut [Local], op: HandoverOp) {
         local[shard as usize] = Local::Active;
         self.view.set_active(shard, true);
-        self.metrics.handovers.with_label_values(&[op]).inc();
-        self.sync_metrics.init_shard(shard);
+        self.metrics.shard_handover(shard, op);
         let kymas = self.kymas_of(shard);
-        info!(shard, clusters = kymas.len(), op, "Took over shard");
+        info!(shard, clusters = kymas.len(), op = op.as_str(), "Took over shard");
         // Sync every SKR of the shard now: a previous holder may have been interrupted.
         for kyma in kymas {
             if self.requeue.send(kyma).await.is_err() {
@@ -266,12 +283,13 @@ impl Agent {
         }
     }
 
-    fn drop_shard(&self, shard: u32, local: &mut [Local], op: &'static str) {
+    fn drop_shard(&self, shard: u32, local: &mut [Local], op: HandoverOp) {
         local[shard as usize] = Local::Idle;
         self.view.set_active(shard, false);
-        self.metrics.handovers.with_label_values(&[op]).inc();
+        // Counts the change and removes the shard's series here (`Metrics::shard_left`).
+        self.metrics.shard_handover(shard, op);
         (self.on_release)(&self.kymas_of(shard));
-        info!(shard, op, "Gave up shard");
+        info!(shard, op = op.as_str(), "Gave up shard");
     }
 
     fn kymas_of(&self, shard: u32) -> Vec<ObjectRef<Kyma>> {
@@ -288,45 +306,32 @@ impl Agent {
         for k in self.kymas.state() {
             *counts.entry(self.shard_of(&k)).or_default() += 1;
         }
-        self.metrics.owned_clusters.reset();
-        let mut held = 0;
         let rows = (0..self.view.shards())
             .map(|shard| {
                 let st = leases.get(&shard).map(lease::state).unwrap_or_default();
                 let clusters = counts.get(&shard).copied().unwrap_or(0);
-                let state = match local[shard as usize] {
-                    Local::Idle => "idle",
-                    Local::Active => {
-                        held += 1;
-                        self.metrics.owned_clusters.with_label_values(&[&shard.to_string()]).set(clusters as i64);
-                        "active"
-                    }
-                    Local::Draining(_) => "draining",
-                    Local::Pending(_) => "pending",
+                let (state, draining_since) = match local[shard as usize] {
+                    Local::Idle => (ShardState::Idle, None),
+                    Local::Active => (ShardState::Active, None),
+                    Local::Draining(since) => (ShardState::Draining, Some(since)),
+                    Local::Pending(_) => (ShardState::Pending, None),
                 };
                 ShardRow {
                     shard,
                     holder: st.holder,
                     desired: st.desired,
                     state,
+                    draining_since,
                     in_flight: self.view.in_flight(shard),
                     clusters,
                 }
             })
             .collect();
-        self.metrics.held.set(held);
-        let now = Instant::now();
-        let oldest_drain = local
-            .iter()
-            .filter_map(|l| match l {
-                Local::Draining(since) => Some(now.saturating_duration_since(*since).as_secs_f64()),
-                _ => None,
-            })
-            .fold(0.0, f64::max);
-        self.metrics.drain_oldest.set(oldest_drain);
+        // The gauges of held shards, their clusters and the oldest drain are computed from
+        // this view at scrape time (`metrics::shards`).
         self.debug.send_replace(ShardsDebug {
             identity: self.identity.clone(),
-            is_coordinator: self.metrics.is_coordinator.get() == 1,
+            is_coordinator: self.metrics.shard.is_coordinator(),
             fenced: self.view.is_fenced(),
             shards: self.view.shards(),
             rows,
@@ -358,7 +363,7 @@ impl Agent {
                 continue;
             }
             match lease::write(&self.api, &released(lease, Timestamp::now()), self.timing.kcp_request_timeout).await {
-                Ok(_) => self.drop_shard(shard, local, "released"),
+                Ok(_) => self.drop_shard(shard, local, HandoverOp::Released),
                 Err(error) => {
                     warn!(shard, error = &error as &dyn std::error::Error, "Failed to release shard on shutdown")
                 }

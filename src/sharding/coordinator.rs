@@ -163,12 +163,11 @@ impl Coordinator {
                 observed = Observed::new(self.timing, self.timing.lease_duration);
             }
             let all = self.observe(&mut observed);
-            self.metrics.is_coordinator.set(i64::from(leading));
+            self.metrics.coordinating(leading);
             if leading {
                 self.pass(&all, &mut observed).await;
             } else {
-                self.metrics.unowned_clusters.set(0);
-                self.metrics.unowned_oldest.set(0.0);
+                self.metrics.unowned(0, 0.0);
                 observed.unowned_since.clear();
             }
             let wait = next_renew.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(10));
@@ -187,7 +186,7 @@ impl Coordinator {
                 Err(error) => warn!(error = &error as &dyn std::error::Error, "Failed to step down as coordinator"),
             }
         }
-        self.metrics.is_coordinator.set(0);
+        self.metrics.coordinating(false);
     }
 
     /// Records what the Lease cache shows now; returns the cached Leases.
@@ -213,7 +212,7 @@ impl Coordinator {
         let now = Timestamp::now();
         let clock = Instant::now();
         let live = observed.liveness.live(clock);
-        self.metrics.live_members.set(live.len() as i64);
+        self.metrics.live_members(live.len());
         let shard_leases = shard_leases(all, self.view.shards());
         for shard in (0..self.view.shards()).filter(|s| !shard_leases.contains_key(s)) {
             let ns = self.api.namespace().unwrap_or_default().to_owned();
@@ -257,11 +256,11 @@ impl Coordinator {
             match lease::write(&self.api, &next, self.timing.kcp_request_timeout).await {
                 Ok(_) => {
                     if reassign {
-                        self.metrics.assignments.inc();
+                        self.metrics.assigned();
                         info!(shard, from = %st.desired, to = %want, "Assigned shard");
                     }
                     if force {
-                        self.metrics.forced_takeovers.inc();
+                        self.metrics.forced_takeover();
                         warn!(shard, holder = %st.holder, "Released shard of a replica whose member Lease expired");
                     }
                 }
@@ -310,8 +309,7 @@ impl Coordinator {
             .iter()
             .filter(|k| unowned.contains(&self.view.shard_of(&k.namespace().unwrap_or_default(), &k.name_any())))
             .count();
-        self.metrics.unowned_clusters.set(clusters as i64);
         let oldest = unowned_since.values().map(|t| now.duration_since(*t).as_secs_f64()).fold(0.0, f64::max);
-        self.metrics.unowned_oldest.set(oldest);
+        self.metrics.unowned(clusters, oldest);
     }
 }

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::api::{CONFIG_LEASE, MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION, member_lease_name};
-use crate::metrics::ShardMetrics;
+use crate::metrics::{RenewalResult, ShardMetrics};
 use crate::sharding::lease::{member_version, new_config, new_member, recorded_shards};
 use crate::sharding::liveness::Liveness;
 use crate::sharding::{ShardView, Timing};
@@ -118,7 +118,7 @@ impl Member {
                 );
             }
             mismatch = matches!(count, ShardCount::Differs(_));
-            self.metrics.shard_count_mismatch.set(i64::from(mismatch));
+            self.metrics.shard_count_mismatch(mismatch);
             let renewal = match count {
                 ShardCount::Agrees => self.renew(&mut other).await,
                 ShardCount::Differs(_) | ShardCount::Unknown => Ok(Renewal::Skipped),
@@ -127,7 +127,7 @@ impl Member {
                 Ok(Renewal::Skipped) => {}
                 Ok(Renewal::Renewed(rv)) => {
                     self.view.renewed(sent, self.timing.renew_deadline);
-                    self.metrics.renewals.with_label_values(&["success"]).inc();
+                    self.metrics.renewal(RenewalResult::Success);
                     version = Some(rv);
                     if conflict {
                         info!("The other process with this identity is gone; took over the member Lease");
@@ -135,7 +135,7 @@ impl Member {
                     }
                 }
                 Ok(Renewal::HeldByAnother) => {
-                    self.metrics.renewals.with_label_values(&["error"]).inc();
+                    self.metrics.renewal(RenewalResult::Error);
                     if !conflict {
                         error!(
                             lease = %member_lease_name(&self.identity),
@@ -145,13 +145,13 @@ impl Member {
                     }
                 }
                 Err(error) => {
-                    self.metrics.renewals.with_label_values(&["error"]).inc();
+                    self.metrics.renewal(RenewalResult::Error);
                     warn!(error = &error as &dyn std::error::Error, "Failed to renew member Lease");
                 }
             }
-            self.metrics.identity_conflict.set(i64::from(conflict));
+            self.metrics.identity_conflict(conflict);
             let fenced = self.view.is_fenced();
-            self.metrics.fenced.set(i64::from(fenced));
+            self.metrics.fenced(fenced);
             if fenced != was_fenced {
                 if fenced {
                     warn!("Member Lease not renewed within the renew deadline: stopped all SKR writes");

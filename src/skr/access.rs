@@ -15,7 +15,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use secrecy::SecretString;
 
 use crate::api::{KUBECONFIG_KEY, KYMA_NAME_LABEL};
-use crate::error::{Error, Result};
+use crate::error::{Result, SyncError};
 use crate::skr::destination::Destinations;
 use crate::skr::kubeconfig::{self, Credentials, InsecureTls, KubeconfigProblem, ServerHost, SkrKubeconfig};
 use crate::skr::request::SkrClient;
@@ -59,7 +59,7 @@ pub const DEFAULT_MAX_RESPONSE: usize = 8 * 1024 * 1024;
 /// Picks the one access Secret of `kyma` among the Secret metadata of its namespace.
 ///
 /// # Errors
-/// [`Error::AccessSecretMissing`] when none matches, [`Error::AccessSecretAmbiguous`] when
+/// [`SyncError::AccessSecretMissing`] when none matches, [`SyncError::AccessSecretAmbiguous`] when
 /// several do.
 pub fn find_access_secret<'a>(
     secrets: impl IntoIterator<Item = &'a PartialObjectMeta<Secret>>,
@@ -74,12 +74,12 @@ pub fn find_access_secret<'a>(
         })
         .collect();
     match found.len() {
-        0 => Err(Error::AccessSecretMissing { kyma: kyma.to_owned(), namespace: namespace.to_owned() }),
+        0 => Err(SyncError::AccessSecretMissing { kyma: kyma.to_owned(), namespace: namespace.to_owned() }),
         1 => Ok(found.remove(0)),
         count => {
-            let mut names: Vec<&str> = found.iter().filter_map(|s| s.metadata.name.as_deref()).collect();
+            let mut names: Vec<String> = found.iter().filter_map(|s| s.metadata.name.clone()).collect();
             names.sort_unstable();
-            Err(Error::AccessSecretAmbiguous { kyma: kyma.to_owned(), count, names: names.join(", ") })
+            Err(SyncError::AccessSecretAmbiguous { kyma: kyma.to_owned(), count, names })
         }
     }
 }
@@ -165,11 +165,11 @@ impl SkrAccess {
     /// ([`crate::skr::kubeconfig`]). Nothing is read, run or contacted here.
     ///
     /// # Errors
-    /// [`Error::AccessSecretInvalid`] when the key is missing or the kubeconfig is not
+    /// [`SyncError::AccessSecretInvalid`] when the key is missing or the kubeconfig is not
     /// accepted; its message names the field, never a value.
     pub fn from_secret(secret: &Secret, settings: &AccessSettings) -> Result<Self> {
         let name = secret.metadata.name.clone().unwrap_or_default();
-        let invalid = |problem| Error::AccessSecretInvalid { name: name.clone(), problem };
+        let invalid = |problem| SyncError::AccessSecretInvalid { name: name.clone(), problem };
         let bytes = secret
             .data
             .as_ref()
@@ -186,8 +186,8 @@ impl SkrAccess {
     /// this sync connects to exactly these.
     ///
     /// # Errors
-    /// [`Error::AccessSecretInvalid`] when any address is not allowed,
-    /// [`Error::ResolveSkr`] when the name does not resolve.
+    /// [`SyncError::AccessSecretInvalid`] when any address is not allowed,
+    /// [`SyncError::ResolveSkr`] when the name does not resolve.
     pub async fn addresses(&self) -> Result<Vec<SocketAddr>> {
         let kc = &self.server;
         let (addrs, trusted, is_or_resolves) = match &kc.host {
@@ -196,22 +196,22 @@ impl SkrAccess {
                 let lookup = tokio::net::lookup_host((name.as_str(), kc.port));
                 let addrs: Vec<SocketAddr> = match tokio::time::timeout(self.settings.connect, lookup).await {
                     Ok(Ok(addrs)) => addrs.collect(),
-                    Ok(Err(source)) => return Err(Error::ResolveSkr { source }),
+                    Ok(Err(source)) => return Err(SyncError::ResolveSkr { source }),
                     Err(_) => {
                         let source = std::io::Error::new(std::io::ErrorKind::TimedOut, "the DNS lookup timed out");
-                        return Err(Error::ResolveSkr { source });
+                        return Err(SyncError::ResolveSkr { source });
                     }
                 };
                 if addrs.is_empty() {
                     let source = std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address");
-                    return Err(Error::ResolveSkr { source });
+                    return Err(SyncError::ResolveSkr { source });
                 }
                 (addrs, self.settings.destinations.trusts_name(name), "resolves to")
             }
         };
         for addr in &addrs {
             if let Err(refusal) = self.settings.destinations.check(*addr, trusted) {
-                return Err(Error::AccessSecretInvalid {
+                return Err(SyncError::AccessSecretInvalid {
                     name: self.secret.clone(),
                     problem: KubeconfigProblem::Destination { field: kc.field.clone(), is_or_resolves, refusal },
                 });
@@ -223,11 +223,11 @@ impl SkrAccess {
     /// A client for one sync, connecting only to the allowed addresses of the server.
     ///
     /// # Errors
-    /// As [`SkrAccess::addresses`]; [`Error::AccessSecretInvalid`] when no TLS client can
+    /// As [`SkrAccess::addresses`]; [`SyncError::AccessSecretInvalid`] when no TLS client can
     /// be built from the certificate data.
     pub async fn client(&self) -> Result<SkrClient> {
         let addrs = self.addresses().await?;
-        let invalid = || Error::AccessSecretInvalid { name: self.secret.clone(), problem: KubeconfigProblem::Tls };
+        let invalid = || SyncError::AccessSecretInvalid { name: self.secret.clone(), problem: KubeconfigProblem::Tls };
         let tls = match self.tls.get() {
             Some(tls) => tls.clone(),
             None => {
@@ -378,10 +378,10 @@ mod tests {
             find_access_secret(&secrets, "k1", "kcp-system").ok().and_then(|s| s.metadata.name.clone()),
             Some("a".into())
         );
-        assert!(matches!(find_access_secret(&secrets, "k3", "kcp-system"), Err(Error::AccessSecretMissing { .. })));
+        assert!(matches!(find_access_secret(&secrets, "k3", "kcp-system"), Err(SyncError::AccessSecretMissing { .. })));
         let err = find_access_secret(&secrets, "k2", "kcp-system").err();
-        assert!(matches!(err, Some(Error::AccessSecretAmbiguous { count: 2, .. })), "{err:?}");
-        assert!(matches!(find_access_secret(&secrets, "k1", "other"), Err(Error::AccessSecretMissing { .. })));
+        assert!(matches!(err, Some(SyncError::AccessSecretAmbiguous { count: 2, .. })), "{err:?}");
+        assert!(matches!(find_access_secret(&secrets, "k1", "other"), Err(SyncError::AccessSecretMissing { .. })));
     }
 
     #[test]
@@ -398,8 +398,8 @@ mod tests {
         apply(secret("c", "k2"));
         let name = |r: Result<PartialObjectMeta<Secret>>| r.ok().and_then(|s| s.metadata.name);
         assert_eq!(name(secrets.find("k1", "kcp-system")), Some("a".into()));
-        assert!(matches!(secrets.find("k2", "kcp-system"), Err(Error::AccessSecretAmbiguous { count: 2, .. })));
-        assert!(matches!(secrets.find("k1", "other"), Err(Error::AccessSecretMissing { .. })));
+        assert!(matches!(secrets.find("k2", "kcp-system"), Err(SyncError::AccessSecretAmbiguous { count: 2, .. })));
+        assert!(matches!(secrets.find("k1", "other"), Err(SyncError::AccessSecretMissing { .. })));
         // Relabelled from k2 to k3: found under k3 only, although the index still names it
         // under k2.
         apply(secret("c", "k3"));
@@ -408,9 +408,9 @@ mod tests {
         // Deleted: gone from the cache first, then from the index.
         let b = secret("b", "k2");
         writer.apply_watcher_event(&Event::Delete(b.clone()));
-        assert!(matches!(secrets.find("k2", "kcp-system"), Err(Error::AccessSecretMissing { .. })));
+        assert!(matches!(secrets.find("k2", "kcp-system"), Err(SyncError::AccessSecretMissing { .. })));
         secrets.forget(&b);
-        assert!(matches!(secrets.find("k2", "kcp-system"), Err(Error::AccessSecretMissing { .. })));
+        assert!(matches!(secrets.find("k2", "kcp-system"), Err(SyncError::AccessSecretMissing { .. })));
     }
 
     fn settings() -> AccessSettings {
@@ -465,7 +465,7 @@ mod tests {
         let mut s =
             Secret { metadata: ObjectMeta { name: Some("s".into()), ..ObjectMeta::default() }, ..Secret::default() };
         let problem = |s: &Secret| match SkrAccess::from_secret(s, &settings()) {
-            Err(Error::AccessSecretInvalid { problem, .. }) => problem,
+            Err(SyncError::AccessSecretInvalid { problem, .. }) => problem,
             other => panic!("not AccessSecretInvalid: {:?}", other.map(|_| ())),
         };
         assert_eq!(problem(&s), KubeconfigProblem::MissingKey);

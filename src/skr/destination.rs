@@ -44,15 +44,35 @@ impl Cidr {
     }
 }
 
-impl FromStr for Cidr {
-    type Err = String;
+/// An entry of `--skr-allowed-destinations` that does not parse; the message quotes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    /// No `/` between address and prefix.
+    #[error("{0:?} is not a CIDR (address/prefix)")]
+    CidrShape(String),
+    /// The address of a CIDR does not parse.
+    #[error("{0:?} is not a CIDR: bad address")]
+    CidrAddress(String),
+    /// The prefix of a CIDR does not parse or is too long for the address.
+    #[error("{0:?} is not a CIDR: bad prefix")]
+    CidrPrefix(String),
+    /// A DNS suffix with an invalid label.
+    #[error("{0:?} is not a DNS suffix")]
+    Suffix(String),
+    /// Neither `public`, a CIDR nor a DNS suffix.
+    #[error("{0:?} is not `public`, a CIDR (10.250.0.0/16) or a DNS suffix starting with a dot (.example.com)")]
+    Unknown(String),
+}
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (addr, prefix) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a CIDR (address/prefix)"))?;
-        let addr: IpAddr = addr.parse().map_err(|_| format!("{s:?} is not a CIDR: bad address"))?;
+impl FromStr for Cidr {
+    type Err = RuleError;
+
+    fn from_str(s: &str) -> Result<Self, RuleError> {
+        let (addr, prefix) = s.split_once('/').ok_or_else(|| RuleError::CidrShape(s.to_owned()))?;
+        let addr: IpAddr = addr.parse().map_err(|_| RuleError::CidrAddress(s.to_owned()))?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix: u8 =
-            prefix.parse().ok().filter(|p| *p <= max).ok_or_else(|| format!("{s:?} is not a CIDR: bad prefix"))?;
+            prefix.parse().ok().filter(|p| *p <= max).ok_or_else(|| RuleError::CidrPrefix(s.to_owned()))?;
         Ok(Self { addr, prefix })
     }
 }
@@ -75,9 +95,9 @@ pub enum Rule {
 }
 
 impl FromStr for Rule {
-    type Err = String;
+    type Err = RuleError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, RuleError> {
         let s = s.trim();
         if s == "public" {
             Ok(Rule::Public)
@@ -93,11 +113,9 @@ impl FromStr for Rule {
                         && !label.starts_with('-')
                         && !label.ends_with('-')
                 });
-            if valid { Ok(Rule::Suffix(format!(".{domain}"))) } else { Err(format!("{s:?} is not a DNS suffix")) }
+            if valid { Ok(Rule::Suffix(format!(".{domain}"))) } else { Err(RuleError::Suffix(s.to_owned())) }
         } else {
-            Err(format!(
-                "{s:?} is not `public`, a CIDR (10.250.0.0/16) or a DNS suffix starting with a dot (.example.com)"
-            ))
+            Err(RuleError::Unknown(s.to_owned()))
         }
     }
 }

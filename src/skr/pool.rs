@@ -11,8 +11,8 @@ use kube::api::PartialObjectMeta;
 use kube::{Api, Client};
 
 use crate::catalog::{CatalogKind, KindMemory};
-use crate::error::{Error, Result};
-use crate::metrics::SkrClientMetrics;
+use crate::error::{Result, SyncError};
+use crate::metrics::{EvictionReason, SkrClientMetrics};
 use crate::skr::access::{AccessSettings, SkrAccess};
 
 /// What this replica knows of one SKR between syncs.
@@ -80,7 +80,7 @@ impl SkrPool {
     /// cached for this Secret version.
     ///
     /// # Errors
-    /// [`Error::ReadAccessSecret`] or [`Error::AccessSecretInvalid`].
+    /// [`SyncError::ReadAccessSecret`] or [`SyncError::AccessSecretInvalid`].
     pub async fn get(&self, kyma: &str, secret: &PartialObjectMeta<Secret>) -> Result<Arc<SkrEntry>> {
         let version = secret_version(secret);
         if let Some(entry) = self.lock().get(kyma).filter(|e| e.secret_version == version) {
@@ -90,21 +90,21 @@ impl SkrPool {
         let secrets = Api::<Secret>::namespaced(self.kcp.clone(), &self.namespace);
         let full = crate::kcp::bounded(self.kcp_timeout, secrets.get(&name))
             .await
-            .map_err(|source| Error::ReadAccessSecret { name: name.clone(), source: Box::new(source) })?;
+            .map_err(|source| SyncError::ReadAccessSecret { name: name.clone(), source: Box::new(source) })?;
         let access = SkrAccess::from_secret(&full, &self.settings)?;
         let entry = Arc::new(SkrEntry { secret_version: version, access, state: tokio::sync::Mutex::default() });
         let replaced = self.lock().insert(kyma.to_owned(), Arc::clone(&entry));
         if replaced.is_some() {
-            self.metrics.evictions.with_label_values(&["secret_changed"]).inc();
+            self.metrics.evicted(EvictionReason::SecretChanged);
         }
         self.update_gauge();
         Ok(entry)
     }
 
     /// Drops the client of `kyma`, counting why.
-    pub fn evict(&self, kyma: &str, reason: &'static str) {
+    pub fn evict(&self, kyma: &str, reason: EvictionReason) {
         if self.lock().remove(kyma).is_some() {
-            self.metrics.evictions.with_label_values(&[reason]).inc();
+            self.metrics.evicted(reason);
             self.update_gauge();
         }
     }
@@ -120,7 +120,6 @@ impl SkrPool {
     }
 
     fn update_gauge(&self) {
-        let n = self.len();
-        self.metrics.clients.set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.metrics.cached_clients(self.len());
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::api::Kyma;
-use crate::catalog::{CatalogKind, Desired, DesiredSets, Snapshot, Warning};
+use crate::catalog::{CatalogKind, Desired, DesiredSets, Snapshot, Warning, WarningReason};
 use crate::sync::executor::{SkrCrds, skr_crd_names};
 use crate::sync::guard::{Gate, ShrinkGuard};
 use crate::sync::reconciler::Context;
@@ -237,7 +237,7 @@ pub async fn run_catalog_loop(
         record_catalog(&ctx, &state);
         let state = Arc::new(state);
         publish.send_replace(Arc::clone(&state));
-        ctx.metrics.catalog.changes.inc();
+        ctx.metrics.catalog.changed();
         let requeued = requeue_affected(&state, &kymas, &requeue, &ctx).await;
         info!(
             templates = state.snapshot.templates.len(),
@@ -314,11 +314,10 @@ const MAX_DEBOUNCE_FACTOR: u32 = 5;
 fn record_catalog(ctx: &Context, state: &CatalogState) {
     let m = &ctx.metrics.catalog;
     let snap = &state.snapshot;
-    m.objects.with_label_values(&[CatalogKind::ModuleTemplate.as_str()]).set(snap.templates.len() as i64);
-    m.objects.with_label_values(&[CatalogKind::ModuleReleaseMeta.as_str()]).set(snap.release_metas.len() as i64);
+    m.objects(CatalogKind::ModuleTemplate, snap.templates.len());
+    m.objects(CatalogKind::ModuleReleaseMeta, snap.release_metas.len());
     for kind in CatalogKind::ALL {
-        let n = snap.malformed.iter().filter(|b| b.kind == kind).count();
-        m.malformed.with_label_values(&[kind.as_str()]).set(n as i64);
+        m.malformed(kind, snap.malformed.iter().filter(|b| b.kind == kind).count());
     }
     for bad in &snap.malformed {
         warn!(kind = bad.kind.as_str(), name = %bad.name, reason = %bad.reason, "Skipping malformed catalog object");
@@ -326,9 +325,8 @@ fn record_catalog(ctx: &Context, state: &CatalogState) {
     // Selector warnings do not depend on the Kyma (an invalid selector is never matched), so
     // one evaluation reports them all.
     let unlabelled = state.desired(&BTreeMap::new(), &ctx.settings.restricted_modules);
-    for reason in Warning::REASONS {
-        let n = unlabelled.warnings.iter().filter(|w| w.reason() == reason).count();
-        m.skipped_release_metas.with_label_values(&[reason]).set(n as i64);
+    for &reason in WarningReason::ALL {
+        m.skipped_release_metas(reason, unlabelled.warnings.iter().filter(|w| w.reason() == reason).count());
     }
     for w in &unlabelled.warnings {
         match w {
@@ -366,7 +364,7 @@ async fn requeue_affected(
         }
         n += 1;
     }
-    ctx.metrics.catalog.requeued.inc_by(n as u64);
+    ctx.metrics.catalog.requeued(n);
     n
 }
 

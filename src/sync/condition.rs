@@ -5,17 +5,26 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::api::{GROUP, Kyma, MODULE_CATALOG_CONDITION, VERSION};
+use crate::error::ConditionReason;
 
-/// Reason of a `True` condition.
-pub const REASON_SYNCED: &str = "CatalogSynced";
+crate::label_enum! {
+    /// The status of the `ModuleCatalog` condition; also the `status` label of
+    /// `catalogsync_kyma_condition_writes_total`.
+    pub enum ConditionStatus {
+        /// The SKR holds the desired catalog.
+        True => "True",
+        /// The last sync failed.
+        False => "False",
+    }
+}
 
 /// The condition catalogsync wants on a Kyma, without timestamps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Wanted {
     /// `True` or `False`.
-    pub status: &'static str,
+    pub status: ConditionStatus,
     /// CamelCase reason.
-    pub reason: &'static str,
+    pub reason: ConditionReason,
     /// Human-actionable message.
     pub message: String,
     /// The Kyma generation seen.
@@ -30,8 +39,8 @@ pub fn current(kyma: &Kyma) -> Option<&Condition> {
 /// Whether `current` already says what `wanted` says (no write needed).
 pub fn is_current(current: Option<&Condition>, wanted: &Wanted) -> bool {
     current.is_some_and(|c| {
-        c.status == wanted.status
-            && c.reason == wanted.reason
+        c.status == wanted.status.as_str()
+            && c.reason == wanted.reason.as_str()
             && c.message == wanted.message
             && c.observed_generation == wanted.observed_generation
     })
@@ -41,13 +50,13 @@ pub fn is_current(current: Option<&Condition>, wanted: &Wanted) -> bool {
 /// changes.
 pub fn apply_body(kyma: &Kyma, current: Option<&Condition>, wanted: &Wanted, now: Timestamp) -> Value {
     let transition = match current {
-        Some(c) if c.status == wanted.status => c.last_transition_time.clone(),
+        Some(c) if c.status == wanted.status.as_str() => c.last_transition_time.clone(),
         _ => Time(now),
     };
     let condition = Condition {
         type_: MODULE_CATALOG_CONDITION.to_owned(),
-        status: wanted.status.to_owned(),
-        reason: wanted.reason.to_owned(),
+        status: wanted.status.as_str().to_owned(),
+        reason: wanted.reason.as_str().to_owned(),
         message: wanted.message.clone(),
         observed_generation: wanted.observed_generation,
         last_transition_time: transition,
@@ -86,13 +95,21 @@ mod tests {
         let now = Timestamp::from_second(2_000).expect("valid");
         let kyma = kyma_with("False", "SkrUnreachable", "down", then);
         let cur = current(&kyma);
-        let still_false =
-            Wanted { status: "False", reason: "ApplyFailed", message: "x".into(), observed_generation: Some(1) };
+        let still_false = Wanted {
+            status: ConditionStatus::False,
+            reason: ConditionReason::ApplyFailed,
+            message: "x".into(),
+            observed_generation: Some(1),
+        };
         assert!(!is_current(cur, &still_false));
         let body = apply_body(&kyma, cur, &still_false, now);
         assert_eq!(body["status"]["conditions"][0]["lastTransitionTime"], json!(Time(then)));
-        let now_true =
-            Wanted { status: "True", reason: REASON_SYNCED, message: "ok".into(), observed_generation: Some(1) };
+        let now_true = Wanted {
+            status: ConditionStatus::True,
+            reason: ConditionReason::CatalogSynced,
+            message: "ok".into(),
+            observed_generation: Some(1),
+        };
         let body = apply_body(&kyma, cur, &now_true, now);
         assert_eq!(body["status"]["conditions"][0]["lastTransitionTime"], json!(Time(now)));
     }
@@ -100,9 +117,13 @@ mod tests {
     #[test]
     fn unchanged_condition_needs_no_write() {
         let at = Timestamp::from_second(1_000).expect("valid");
-        let kyma = kyma_with("True", REASON_SYNCED, "ok", at);
-        let wanted =
-            Wanted { status: "True", reason: REASON_SYNCED, message: "ok".into(), observed_generation: Some(1) };
+        let kyma = kyma_with("True", "CatalogSynced", "ok", at);
+        let wanted = Wanted {
+            status: ConditionStatus::True,
+            reason: ConditionReason::CatalogSynced,
+            message: "ok".into(),
+            observed_generation: Some(1),
+        };
         assert!(is_current(current(&kyma), &wanted));
     }
 }

@@ -25,8 +25,8 @@ use serde_json::{Value, json};
 use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
 use crate::catalog::render::{CopyDigest, is_subset};
 use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Orphan, Plan, plan};
-use crate::error::{Error, Result};
-use crate::metrics::SkrClientMetrics;
+use crate::error::{Result, SyncError};
+use crate::metrics::{SkrClientMetrics, SkrVerb};
 use crate::skr::SkrState;
 use crate::skr::request::{SkrClient, TooManyObjects, bounded_serde_error};
 
@@ -118,7 +118,7 @@ pub struct SkrTarget<'a> {
     /// Request metrics.
     pub metrics: &'a SkrClientMetrics,
     /// Checked right before every write; false aborts the sync with
-    /// [`Error::OwnershipLost`].
+    /// [`SyncError::OwnershipLost`].
     pub may_write: &'a (dyn Fn() -> bool + Send + Sync),
     /// Permits for full lists, shared by all syncs of the replica: a full list holds every
     /// copy of a kind in memory (about 2 MB of JSON for a catalog of 25 modules).
@@ -144,7 +144,7 @@ fn prune_request(kind: CatalogKind, namespace: &str, orphan: &Orphan) -> Result<
     let preconditions = Preconditions { uid: known(&orphan.uid), resource_version: known(&orphan.resource_version) };
     let has_any = preconditions.uid.is_some() || preconditions.resource_version.is_some();
     let params = DeleteParams { preconditions: has_any.then_some(preconditions), ..DeleteParams::default() };
-    copies(kind, namespace).delete(&orphan.name, &params).map_err(|e| Error::PruneSkrObject {
+    copies(kind, namespace).delete(&orphan.name, &params).map_err(|e| SyncError::PruneSkrObject {
         kind,
         name: orphan.name.clone(),
         source: Box::new(kube::Error::BuildRequest(e)),
@@ -183,7 +183,7 @@ impl SkrTarget<'_> {
     }
 
     fn check_ownership(&self) -> Result<()> {
-        if (self.may_write)() { Ok(()) } else { Err(Error::OwnershipLost) }
+        if (self.may_write)() { Ok(()) } else { Err(SyncError::OwnershipLost) }
     }
 
     /// Syncs `desired` to the SKR, updating `state`. On error the state is left cold, so the
@@ -214,7 +214,7 @@ impl SkrTarget<'_> {
             let memory = state.memory.entry(kind).or_default();
             let observed = match self.list(kind, !state.warm).await {
                 Ok(o) => o,
-                Err(err) if matches!(&err, Error::ListSkrObjects { source, .. } if is_not_found(source)) => {
+                Err(err) if matches!(&err, SyncError::ListSkrObjects { source, .. } if is_not_found(source)) => {
                     // The CRD vanished since we last looked (an SKR admin deleted it).
                     report.setup_writes += self.ensure_crds(crds).await?;
                     self.list(kind, true).await?
@@ -275,13 +275,13 @@ impl SkrTarget<'_> {
                 let request = prune_request(kind, self.namespace, &orphan)?;
                 self.check_ownership()?;
                 let res = self.bounded(self.client.bytes(request)).await;
-                self.metrics.record("delete", &res);
+                self.metrics.request(SkrVerb::Delete, &res);
                 let name = orphan.name;
                 match res {
                     Ok(_) => Ok(Pruned::Deleted(name)),
                     Err(e) if is_not_found(&e) => Ok(Pruned::Deleted(name)),
                     Err(e) if is_conflict(&e) => Ok(Pruned::Conflict(name)),
-                    Err(source) => Err(Error::PruneSkrObject { kind, name, source: Box::new(source) }),
+                    Err(source) => Err(SyncError::PruneSkrObject { kind, name, source: Box::new(source) }),
                 }
             })
             .buffer_unordered(self.concurrency)
@@ -310,7 +310,7 @@ impl SkrTarget<'_> {
     /// when it still differs from the desired copy it is replaced to drop the foreign fields.
     /// Returns the new resourceVersion.
     async fn apply_one(&self, kind: CatalogKind, obj: &DesiredObject) -> Result<String> {
-        let wrap = |source| Error::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
+        let wrap = |source| SyncError::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
         let build = |e| wrap(kube::Error::BuildRequest(e));
         let copies = copies(kind, self.namespace);
         // The body goes out as serialized once per catalog change; the answer is decoded
@@ -319,14 +319,14 @@ impl SkrTarget<'_> {
             copies.patch_metadata(&obj.name, &apply_params(), &Patch::Apply(obj.body.json())).map_err(build)?;
         self.check_ownership()?;
         let res = self.bounded(self.client.json::<MetaOnly>(request)).await;
-        self.metrics.record("apply", &res);
+        self.metrics.request(SkrVerb::Apply, &res);
         let applied = res.map_err(wrap)?.metadata;
         if applied.managed_fields.iter().all(|f| f.manager == SKR_FIELD_MANAGER) {
             return Ok(applied.resource_version);
         }
         let request = copies.get(&obj.name, &GetParams::default()).map_err(build)?;
         let res = self.bounded(self.client.json::<DynamicObject>(request)).await;
-        self.metrics.record("get", &res);
+        self.metrics.request(SkrVerb::Get, &res);
         let current = res.map_err(wrap)?;
         let observed = serde_json::to_value(&current).unwrap_or_default();
         if CopyDigest::of(&observed).holds(&obj.digest) {
@@ -346,14 +346,14 @@ impl SkrTarget<'_> {
         let params = PostParams { field_manager: Some(SKR_FIELD_MANAGER.to_owned()), ..PostParams::default() };
         let request = copies.replace(&obj.name, &params, replacement).map_err(build)?;
         let res = self.bounded(self.client.json::<DynamicObject>(request)).await;
-        self.metrics.record("replace", &res);
+        self.metrics.request(SkrVerb::Replace, &res);
         Ok(res.map_err(wrap)?.resource_version().unwrap_or_default())
     }
 
     /// Lists the copies of `kind` page by page: in full (each item digested) when `full`,
     /// else their metadata only.
     async fn list(&self, kind: CatalogKind, full: bool) -> Result<Vec<Observed>> {
-        let wrap = |source| Error::ListSkrObjects { kind, source: Box::new(source) };
+        let wrap = |source| SyncError::ListSkrObjects { kind, source: Box::new(source) };
         let copies = copies(kind, self.namespace);
         // A full page is read as bytes and digested one item at a time, so only one page and
         // one object are in memory at once; the permit bounds how many full lists a replica
@@ -369,12 +369,12 @@ impl SkrTarget<'_> {
             let page = if full {
                 let request = copies.list(&lp).map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
                 let res = self.bounded(self.client.bytes(request)).await;
-                self.metrics.record("list", &res);
+                self.metrics.request(SkrVerb::List, &res);
                 digest_list(&res.map_err(wrap)?).map_err(|e| wrap(bounded_serde_error(e)))?
             } else {
                 let request = copies.list_metadata(&lp).map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
                 let res = self.bounded(self.client.json::<MetaOnlyList>(request)).await;
-                self.metrics.record("list", &res);
+                self.metrics.request(SkrVerb::List, &res);
                 let list = res.map_err(wrap)?;
                 Page {
                     items: list.items.into_iter().map(|o| observed(o.metadata, None)).collect(),
@@ -396,11 +396,11 @@ impl SkrTarget<'_> {
     async fn ensure_namespace(&self) -> Result<usize> {
         let namespaces = Request::new(Namespace::url_path(&(), None));
         let wrap =
-            |source| Error::EnsureSkrNamespace { namespace: self.namespace.to_owned(), source: Box::new(source) };
+            |source| SyncError::EnsureSkrNamespace { namespace: self.namespace.to_owned(), source: Box::new(source) };
         let build = |e| wrap(kube::Error::BuildRequest(e));
         let request = namespaces.get_metadata(self.namespace, &GetParams::default()).map_err(build)?;
         let res = self.bounded(self.client.bytes(request)).await;
-        self.metrics.record("get", &res);
+        self.metrics.request(SkrVerb::Get, &res);
         match res {
             Ok(_) => return Ok(0),
             Err(err) if is_not_found(&err) => {}
@@ -414,7 +414,7 @@ impl SkrTarget<'_> {
         let request = namespaces.patch(self.namespace, &apply_params(), &Patch::Apply(&body)).map_err(build)?;
         self.check_ownership()?;
         let res = self.bounded(self.client.bytes(request)).await;
-        self.metrics.record("apply", &res);
+        self.metrics.request(SkrVerb::Apply, &res);
         res.map_err(wrap)?;
         Ok(1)
     }
@@ -425,12 +425,12 @@ impl SkrTarget<'_> {
         let definitions = Request::new(CustomResourceDefinition::url_path(&(), None));
         let mut writes = 0;
         for (name, body) in &crds.bodies {
-            let body = body.as_ref().ok_or_else(|| Error::KcpCrdMissing { name: name.clone() })?;
-            let wrap = |source| Error::EnsureSkrCrd { name: name.clone(), source: Box::new(source) };
+            let body = body.as_ref().ok_or_else(|| SyncError::KcpCrdMissing { name: name.clone() })?;
+            let wrap = |source| SyncError::EnsureSkrCrd { name: name.clone(), source: Box::new(source) };
             let build = |e| wrap(kube::Error::BuildRequest(e));
             let request = definitions.get(name, &GetParams::default()).map_err(build)?;
             let res = self.bounded(self.client.json::<Value>(request)).await;
-            self.metrics.record("get", &res);
+            self.metrics.request(SkrVerb::Get, &res);
             let current = match res {
                 Ok(crd) => Some(crd),
                 Err(err) if is_not_found(&err) => None,
@@ -446,7 +446,7 @@ impl SkrTarget<'_> {
             let request = definitions.patch(name, &apply_params(), &Patch::Apply(&**body)).map_err(build)?;
             self.check_ownership()?;
             let res = self.bounded(self.client.bytes(request)).await;
-            self.metrics.record("apply", &res);
+            self.metrics.request(SkrVerb::Apply, &res);
             res.map_err(wrap)?;
             writes += 1;
             self.await_established(&definitions, name).await;
@@ -590,6 +590,7 @@ fn null_as_default<'de, D: serde::Deserializer<'de>, T: Default + Deserialize<'d
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::RequestResult;
 
     fn item(name: &str, rv: &str, managers: &[&str]) -> Value {
         let fields: Vec<Value> = managers
@@ -734,7 +735,10 @@ mod tests {
         assert_eq!(report.writes(), 2);
         assert!(memory.matches("changed", "1", 7), "the changed orphan is still remembered");
         assert!(!memory.matches("stale", "1", 7) && !memory.matches("gone", "1", 7));
-        let count = |result: &str| metrics.requests.with_label_values(&["delete", result]).get();
+        let count = |result: &str| {
+            let result = RequestResult::ALL.iter().find(|r| r.as_str() == result).expect("a request result");
+            metrics.requests(SkrVerb::Delete, *result)
+        };
         assert_eq!((count("success"), count("not_found"), count("conflict"), count("error")), (1, 1, 1, 0));
 
         // Every DELETE carried the preconditions of its own listing, and nothing else was sent.
@@ -754,8 +758,8 @@ mod tests {
         let (client, _) = mock_skr(&[("stale", 200), ("broken", 500)]);
         let prune = vec![orphan("stale", "u-s", "11"), orphan("broken", "u-b", "12")];
         let (result, _, _, metrics) = prune_with(&client, &Plan { prune, ..Plan::default() }).await;
-        assert!(matches!(&result, Err(Error::PruneSkrObject { name, .. }) if name == "broken"), "{result:?}");
-        assert_eq!(metrics.requests.with_label_values(&["delete", "error"]).get(), 1);
+        assert!(matches!(&result, Err(SyncError::PruneSkrObject { name, .. }) if name == "broken"), "{result:?}");
+        assert_eq!(metrics.requests(SkrVerb::Delete, RequestResult::Error), 1);
     }
 
     #[test]

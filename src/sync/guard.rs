@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 use crate::api::{CONFIRM_SHRINK_ANNOTATION, COORDINATOR_LEASE, KCP_FIELD_MANAGER, PUBLISHED_CATALOG_ANNOTATION};
 use crate::catalog::CatalogKind;
 use crate::catalog::guard::{CatalogCounts, Check, HoldReason, LeaseNotes, Publish, Verdict, decide};
-use crate::metrics::CatalogMetrics;
+use crate::metrics::{CatalogMetrics, ReachableState};
 use crate::sync::catalog::CatalogState;
 
 /// How often a held state is decided again (to see a confirmation) and a failed record of the
@@ -218,9 +218,9 @@ impl Gate {
             let (_, _, counts) = held.reported;
             info!(because = "restored", held = %counts, "Catalog no longer held back");
         }
-        self.metrics.shrink_held.set(0);
+        self.metrics.shrink_held(false);
         if let Some(published) = self.published {
-            self.set_counts("latest", published);
+            self.set_counts(ReachableState::Latest, published);
         }
     }
 
@@ -228,7 +228,7 @@ impl Gate {
     /// (reported here; the published state stays).
     pub async fn check(&mut self, state: CatalogState) -> Option<Approved> {
         let counts = CatalogCounts::reachable(&state.snapshot, &self.restricted_modules);
-        self.set_counts("latest", counts);
+        self.set_counts(ReachableState::Latest, counts);
         let guard = match &self.guard {
             Some(guard) if guard.is_on() => guard,
             _ => return Some(Approved { state, counts, because: Publish::GuardOff, read: None }),
@@ -291,7 +291,7 @@ impl Gate {
             );
             ignored_confirmation = Some(value);
         }
-        self.metrics.shrink_held.set(1);
+        self.metrics.shrink_held(true);
         self.held = Some(Held { state, reported, ignored_confirmation });
         self.next_recheck = Instant::now() + GUARD_RECHECK;
     }
@@ -308,8 +308,8 @@ impl Gate {
             let because = if because == Publish::Confirmed { "confirmed" } else { "within_threshold" };
             info!(because, new = %counts, "Catalog no longer held back");
         }
-        self.metrics.shrink_held.set(0);
-        self.set_counts("published", counts);
+        self.metrics.shrink_held(false);
+        self.set_counts(ReachableState::Published, counts);
         if self.guard.as_ref().is_some_and(ShrinkGuard::is_on) {
             let spent = read
                 .as_ref()
@@ -371,9 +371,9 @@ impl Gate {
         }
     }
 
-    fn set_counts(&self, state: &str, counts: CatalogCounts) {
+    fn set_counts(&self, state: ReachableState, counts: CatalogCounts) {
         for kind in CatalogKind::ALL {
-            self.metrics.reachable.with_label_values(&[kind.as_str(), state]).set(counts.of(kind) as i64);
+            self.metrics.reachable(kind, state, counts.of(kind));
         }
     }
 }

@@ -18,12 +18,13 @@ use tracing::{debug, info, warn};
 
 use crate::api::{KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, SKIP_RECONCILIATION_LABEL, is_flag_on};
 use crate::catalog::CatalogKind;
-use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+use crate::error::ConditionReason;
+use crate::error::{Result, SyncError};
+use crate::metrics::{EvictionReason, Metrics, ObjectOp, SkipReason, SyncOutcome};
 use crate::sharding::ShardView;
 use crate::skr::{AccessSecrets, SkrPool};
 use crate::sync::catalog::{CatalogState, sync_fingerprint};
-use crate::sync::condition::{self, REASON_SYNCED, Wanted};
+use crate::sync::condition::{self, ConditionStatus, Wanted};
 use crate::sync::executor::{SkrTarget, SyncReport};
 
 /// Sync settings taken from the command line.
@@ -90,7 +91,7 @@ impl Context {
     /// A sync of the Kyma that is running when it is deleted may record it again as it ends.
     /// Its requeue (backoff or resync) then finds the Kyma gone and forgets it again.
     pub fn forget_kyma(&self, kyma: &ObjectRef<Kyma>) {
-        self.pool.evict(&kyma.name, "deleted");
+        self.pool.evict(&kyma.name, EvictionReason::Deleted);
         set_depth(self, self.book.forget(&kyma.name));
         debug!(%kyma, "Forgot a deleted Kyma");
     }
@@ -185,11 +186,11 @@ impl Book {
 }
 
 /// Why a Kyma is left alone, if it is.
-fn skip_reason(kyma: &Kyma) -> Option<&'static str> {
+fn skip_reason(kyma: &Kyma) -> Option<SkipReason> {
     if kyma.metadata.deletion_timestamp.is_some() {
-        Some("deleting")
+        Some(SkipReason::Deleting)
     } else if is_flag_on(kyma.labels().get(SKIP_RECONCILIATION_LABEL)) {
-        Some("skip_reconciliation")
+        Some(SkipReason::SkipReconciliation)
     } else {
         None
     }
@@ -224,7 +225,7 @@ pub fn trigger_hash(kyma: &Kyma) -> Option<u64> {
 /// its in-flight guard inside that task, so shard handovers still wait for it.
 ///
 /// # Errors
-/// Any [`Error`]; the Kyma's condition already says what went wrong.
+/// Any [`SyncError`]; the Kyma's condition already says what went wrong.
 pub async fn reconcile(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action> {
     use tracing::Instrument as _;
     let task = tokio::spawn(reconcile_on_task(kyma, ctx).instrument(tracing::Span::current()));
@@ -240,34 +241,34 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     let name = kyma.name_any();
     let namespace = kyma.namespace().unwrap_or_default();
     if let Some(reason) = skip_reason(&kyma) {
-        ctx.metrics.sync.skipped.with_label_values(&[reason]).inc();
-        ctx.pool.evict(&name, "released");
+        ctx.metrics.sync.skipped(reason);
+        ctx.pool.evict(&name, EvictionReason::Released);
         set_depth(&ctx, ctx.book.forget(&name));
-        debug!(reason, "Leaving Kyma alone");
+        debug!(reason = reason.as_str(), "Leaving Kyma alone");
         return Ok(Action::await_change());
     }
     // Counted as in flight until the end of the sync, so a shard handover waits for it.
     let Some(in_flight) = ctx.shards.begin(&namespace, &name) else {
-        ctx.pool.evict(&name, "released");
+        ctx.pool.evict(&name, EvictionReason::Released);
         set_depth(&ctx, ctx.book.forget(&name));
         return Ok(Action::await_change());
     };
 
-    let timer = ctx.metrics.sync.measure(in_flight.shard());
-    let shard = timer.shard().to_owned();
+    let shard = in_flight.shard();
+    let timer = ctx.metrics.sync.measure(shard);
     let catalog = Arc::clone(&ctx.catalog.borrow());
     let desired = catalog.desired(kyma.labels(), &ctx.settings.restricted_modules);
     let result =
         match tokio::time::timeout(ctx.settings.sync_timeout, sync_skr(&kyma, &desired.set, &catalog, &ctx)).await {
             Ok(r) => r,
-            Err(_) => Err(Error::SyncTimeout(ctx.settings.sync_timeout)),
+            Err(_) => Err(SyncError::SyncTimeout(ctx.settings.sync_timeout)),
         };
     drop(timer);
 
     match result {
         Ok(report) => {
             record_report(&ctx.metrics, &report);
-            ctx.metrics.sync.runs.with_label_values(&[shard.as_str(), "success"]).inc();
+            ctx.metrics.sync.finished(shard, SyncOutcome::Synced);
             set_depth(&ctx, ctx.book.finish(&name, Some(sync_fingerprint(&desired, &catalog))));
             if report.writes() > 0 || report.prune_conflicts > 0 {
                 info!(
@@ -281,29 +282,28 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
                 debug!(objects = desired.set.len(), "Catalog already in sync");
             }
             let wanted = Wanted {
-                status: "True",
-                reason: REASON_SYNCED,
+                status: ConditionStatus::True,
+                reason: ConditionReason::CatalogSynced,
                 message: "the SKR holds the desired module catalog".into(),
                 observed_generation: kyma.metadata.generation,
             };
             write_condition(&kyma, &wanted, &ctx).await?;
             Ok(Action::requeue(jittered(ctx.settings.resync_period, ctx.settings.resync_jitter)))
         }
-        Err(Error::OwnershipLost) => {
+        Err(SyncError::OwnershipLost) => {
             set_depth(&ctx, ctx.book.forget(&name));
             info!("Stopped sync: the SKR is no longer ours");
             Ok(Action::await_change())
         }
         Err(err) => {
-            ctx.metrics.sync.runs.with_label_values(&[shard.as_str(), "error"]).inc();
-            ctx.metrics.sync.errors.with_label_values(&[shard.as_str(), err.reason()]).inc();
+            ctx.metrics.sync.finished(shard, SyncOutcome::Failed(err.reason()));
             set_depth(&ctx, ctx.book.finish(&name, None));
             if err.evicts_client() {
-                ctx.pool.evict(&name, "error");
+                ctx.pool.evict(&name, EvictionReason::Error);
             }
-            warn!(reason = err.reason(), error = &err as &dyn std::error::Error, "Failed to sync catalog");
+            warn!(reason = err.reason().as_str(), error = &err as &dyn std::error::Error, "Failed to sync catalog");
             let wanted = Wanted {
-                status: "False",
+                status: ConditionStatus::False,
                 reason: err.reason(),
                 message: err.condition_message(),
                 observed_generation: kyma.metadata.generation,
@@ -318,11 +318,11 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
 }
 
 /// Backoff after a failed reconcile: exponential per Kyma, with jitter, capped.
-pub fn error_policy(kyma: Arc<Kyma>, err: &Error, ctx: Arc<Context>) -> Action {
-    if let Error::WriteCondition(_) = err {
+pub fn error_policy(kyma: Arc<Kyma>, err: &SyncError, ctx: Arc<Context>) -> Action {
+    if let SyncError::WriteCondition(_) = err {
         // Sync failures were logged and counted in reconcile; this one happens after it.
-        let shard = ctx.shards.shard_of(&kyma.namespace().unwrap_or_default(), &kyma.name_any()).to_string();
-        ctx.metrics.sync.errors.with_label_values(&[shard.as_str(), err.reason()]).inc();
+        let shard = ctx.shards.shard_of(&kyma.namespace().unwrap_or_default(), &kyma.name_any());
+        ctx.metrics.sync.condition_write_failed(shard);
         warn!(error = err as &dyn std::error::Error, "Failed to write the ModuleCatalog condition");
     }
     let failures = ctx.book.record_failure(&kyma.name_any());
@@ -344,20 +344,20 @@ fn jittered(period: Duration, jitter: f64) -> Duration {
 /// Publishes a shard's queue depth.
 pub fn set_depth(ctx: &Context, depth: Option<Depth>) {
     if let Some(Depth { shard, depth }) = depth {
-        ctx.metrics
-            .sync
-            .queue_depth
-            .with_label_values(&[&shard.to_string()])
-            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+        ctx.metrics.sync.queue_depth(shard, depth);
     }
 }
 
 fn record_report(metrics: &Metrics, report: &SyncReport) {
     for kind in CatalogKind::ALL {
-        for (op, map) in [("applied", &report.applied), ("unchanged", &report.unchanged), ("pruned", &report.pruned)] {
+        for (op, map) in [
+            (ObjectOp::Applied, &report.applied),
+            (ObjectOp::Unchanged, &report.unchanged),
+            (ObjectOp::Pruned, &report.pruned),
+        ] {
             let n = map.get(&kind).copied().unwrap_or(0);
             if n > 0 {
-                metrics.sync.objects.with_label_values(&[kind.as_str(), op]).inc_by(n as u64);
+                metrics.sync.synced_objects(kind, op, n);
             }
         }
     }
@@ -401,12 +401,12 @@ async fn write_condition(kyma: &Kyma, wanted: &Wanted, ctx: &Context) -> Result<
     let (name, params, patch) = (kyma.name_any(), PatchParams::apply(KCP_FIELD_MANAGER).force(), Patch::Apply(&body));
     crate::kcp::bounded(ctx.settings.kcp_request_timeout, api.patch_status(&name, &params, &patch))
         .await
-        .map_err(|e| Error::WriteCondition(Box::new(e)))?;
-    ctx.metrics.sync.condition_writes.with_label_values(&[wanted.status]).inc();
+        .map_err(|e| SyncError::WriteCondition(Box::new(e)))?;
+    ctx.metrics.sync.condition_written(wanted.status);
     info!(
         condition = MODULE_CATALOG_CONDITION,
-        status = wanted.status,
-        reason = wanted.reason,
+        status = wanted.status.as_str(),
+        reason = wanted.reason.as_str(),
         "Updated Kyma condition"
     );
     Ok(true)
@@ -415,7 +415,7 @@ async fn write_condition(kyma: &Kyma, wanted: &Wanted, ctx: &Context) -> Result<
 async fn publish_event(kyma: &Kyma, wanted: &Wanted, ctx: &Context) {
     let event = Event {
         type_: EventType::Warning,
-        reason: wanted.reason.to_owned(),
+        reason: wanted.reason.as_str().to_owned(),
         note: Some(wanted.message.chars().take(1000).collect()),
         action: "SyncModuleCatalog".into(),
         secondary: None,
@@ -505,9 +505,9 @@ mod tests {
         let mut k = Kyma::new("k", Default::default());
         assert_eq!(skip_reason(&k), None);
         k.metadata.labels = Some([(SKIP_RECONCILIATION_LABEL.to_owned(), "TRUE".to_owned())].into());
-        assert_eq!(skip_reason(&k), Some("skip_reconciliation"));
+        assert_eq!(skip_reason(&k).map(SkipReason::as_str), Some("skip_reconciliation"));
         k.metadata.labels = None;
         k.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
-        assert_eq!(skip_reason(&k), Some("deleting"));
+        assert_eq!(skip_reason(&k).map(SkipReason::as_str), Some("deleting"));
     }
 }

@@ -751,7 +751,7 @@ impl Ctx {
             .collect();
         let found = find_access_secret(&metas, kyma, namespace).map_err(PassError::Access)?;
         let index = metas.iter().position(|m| std::ptr::eq(m, found)).unwrap_or_default();
-        candidates.get(index).cloned().ok_or(PassError::Access(catalogsync::error::Error::AccessSecretMissing {
+        candidates.get(index).cloned().ok_or(PassError::Access(catalogsync::error::SyncError::AccessSecretMissing {
             kyma: kyma.to_owned(),
             namespace: namespace.to_owned(),
         }))
@@ -993,7 +993,7 @@ enum KindError {
 enum PassError {
     /// No SKR client (Secret missing, ambiguous or invalid).
     #[error("failed to get the SKR client")]
-    Access(#[source] catalogsync::error::Error),
+    Access(#[source] catalogsync::error::SyncError),
     /// One or both kinds failed.
     #[error("failed to sync the catalog: {}", errors.iter().map(|e| chain(e)).collect::<Vec<_>>().join("; "))]
     Sync { errors: Vec<KindError> },

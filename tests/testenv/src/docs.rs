@@ -30,6 +30,24 @@ pub struct DocRow {
     pub kind: String,
     /// Label names.
     pub labels: BTreeSet<String>,
+    /// The values listed for each label (`shard`'s range as written: `0`, `--shards`).
+    pub values: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// The values listed for each label of a table cell:
+/// `` `kind`: `ModuleTemplate`, `ModuleReleaseMeta`<br>`op`: `applied` `` gives `kind` →
+/// {`ModuleTemplate`, `ModuleReleaseMeta`} and `op` → {`applied`}.
+pub fn label_values(cell: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out = BTreeMap::new();
+    for part in cell.split("<br>") {
+        let words: Vec<&str> = part.split('`').skip(1).step_by(2).collect();
+        if let [name, values @ ..] = &words[..]
+            && part.split('`').nth(2).is_some_and(|after| after.starts_with(':'))
+        {
+            out.insert((*name).to_owned(), values.iter().map(|v| (*v).to_owned()).collect());
+        }
+    }
+    out
 }
 
 /// The backticked words of a table cell that are followed by a colon: the label names of
@@ -62,7 +80,7 @@ pub fn documented_metrics() -> BTreeMap<String, DocRow> {
         if !before.is_empty() || !name.starts_with(METRIC_PREFIX) {
             continue;
         }
-        let row = DocRow { kind: kind.to_owned(), labels: label_names(labels) };
+        let row = DocRow { kind: kind.to_owned(), labels: label_names(labels), values: label_values(labels) };
         assert!(rows.insert(name.to_owned(), row).is_none(), "{METRICS_DOC} documents {name} twice");
     }
     assert!(
