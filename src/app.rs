@@ -4,23 +4,20 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
-use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Api, Client};
+use kube_leader_election::{LeaseLock, LeaseLockParams};
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use k8s_openapi::api::coordination::v1::Lease;
-use kube_leader_election::{LeaseLock, LeaseLockParams};
-use tokio::task::JoinHandle;
-
-use crate::api::{COORDINATOR_LEASE, KYMA_NAME_LABEL, Kyma, LEASE_TYPE_LABEL};
+use crate::api::{COORDINATOR_LEASE, Kyma};
 use crate::config::{ConfigError, RunArgs};
 use crate::http::{self, HttpState};
 use crate::metrics::{EvictionReason, Metrics};
@@ -28,12 +25,13 @@ use crate::sharding::ShardView;
 use crate::sharding::agent::{Agent, ShardsDebug};
 use crate::sharding::coordinator::Coordinator;
 use crate::sharding::{Timing, membership};
-use crate::skr::destination::Destinations;
+use crate::skr::destination::{Destinations, Rule};
 use crate::skr::kubeconfig::InsecureTls;
-use crate::skr::{AccessSecrets, AccessSettings, SkrPool};
-use crate::sync::catalog::{CatalogState, run_catalog_loop, watch_catalog};
+use crate::skr::{AccessSettings, SkrPool};
+use crate::sync::catalog::{CatalogState, run_catalog_loop};
 use crate::sync::guard::ShrinkGuard;
 use crate::sync::reconciler::{self, Book, Context, Settings};
+use crate::watches;
 
 /// Capacity of the catalog requeue channel. The catalog loop awaits free space (it is our
 /// own task, not a watch), so this only bounds memory: one entry per owned Kyma fits a
@@ -122,147 +120,128 @@ pub async fn run_with(
     args: RunArgs,
     shutdown: CancellationToken,
 ) -> Result<(), AppError> {
+    let restricted_modules = args.restricted_set();
+    // Every flag is taken apart here, once: a new flag that nothing reads does not compile.
+    let RunArgs {
+        kcp_namespace: ns,
+        sync_namespace,
+        restricted_modules: _,
+        catalog_shrink_threshold,
+        resync_period,
+        resync_jitter,
+        catalog_debounce,
+        concurrency,
+        skr_concurrency,
+        full_list_concurrency,
+        skr_request_timeout,
+        sync_timeout,
+        backoff_min,
+        backoff_max,
+        skr_allowed_destinations,
+        allow_insecure_skr_tls,
+        skr_max_response_size,
+        shards,
+        lease_namespace,
+        lease_duration,
+        renew_deadline,
+        retry_period,
+        drain_timeout,
+        kcp_request_timeout,
+        http_addr,
+        identity,
+        log_format: _,
+        log_filter: _,
+        shutdown_timeout,
+    } = args;
     let metrics = Metrics::new().map_err(AppError::Metrics)?;
-    let ns = args.kcp_namespace.clone();
     // This process's nonce: in its member Lease, the shard Leases it claims, and the user
     // agent of its SKR requests (so SKR audit logs tell two processes of one identity apart).
     let nonce = membership::new_nonce();
-    let settings = Settings {
-        sync_namespace: args.sync_namespace.clone(),
-        restricted_modules: args.restricted_set(),
-        resync_period: args.resync_period,
-        resync_jitter: args.resync_jitter,
-        skr_concurrency: args.skr_concurrency,
-        skr_request_timeout: args.skr_request_timeout,
-        sync_timeout: args.sync_timeout,
-        backoff_min: args.backoff_min,
-        backoff_max: args.backoff_max,
-        kcp_request_timeout: args.kcp_request_timeout,
+    let access = SkrAccessFlags {
+        destinations: skr_allowed_destinations,
+        allow_insecure_tls: allow_insecure_skr_tls,
+        max_response: skr_max_response_size,
+    }
+    .settings(&identity, &nonce, kcp_addrs, &metrics);
+    let timing = Timing {
+        lease_duration,
+        renew_deadline,
+        retry_period,
+        drain_timeout,
+        request_timeout: skr_request_timeout,
+        kcp_request_timeout,
     };
 
-    // KCP caches.
-    let (catalog_stores, catalog_changes) = watch_catalog(&kcp, &ns);
-    // `catalog_stores` is moved into the catalog loop, the only waiter on its readiness.
-    let (secret_store, secret_writer) = reflector::store();
-    let access_secrets = AccessSecrets::new(secret_store.clone());
-    let (noted, forgotten) = (access_secrets.clone(), access_secrets.clone());
-    let secret_stream = watcher(
-        Api::<PartialObjectMeta<Secret>>::namespaced(kcp.clone(), &ns),
-        watcher::Config::default().labels(KYMA_NAME_LABEL),
-    )
-    .default_backoff()
-    .modify(move |s| {
-        trim_secret(s);
-        // Indexed before the cache holds it; see `AccessSecrets`.
-        noted.note(s);
-    })
-    .reflect(secret_writer)
-    .inspect_ok(move |event| {
-        if let watcher::Event::Delete(s) = event {
-            forgotten.forget(s);
-        }
-    })
-    .touched_objects();
-    // Secret changes requeue their Kyma through a channel, so the Secret cache fills (and
-    // becomes ready) before the controller starts: no Kyma is judged against a partial cache.
-    let (secret_tx, secret_rx) = mpsc::channel::<ObjectRef<Kyma>>(REQUEUE_CAPACITY);
-    let secret_ns = ns.clone();
-    let secret_task = secret_stream
-        .for_each(move |event| {
-            let tx = secret_tx.clone();
-            let ns = secret_ns.clone();
-            async move {
-                match event {
-                    Ok(secret) => {
-                        let kyma = secret.metadata.labels.as_ref().and_then(|l| l.get(KYMA_NAME_LABEL));
-                        if let Some(kyma) = kyma {
-                            // Awaiting space only delays this Secret watch, never a Kyma watch.
-                            let _ = tx.send(ObjectRef::<Kyma>::new(kyma).within(&ns)).await;
-                        }
-                    }
-                    Err(error) => warn!(error = &error as &dyn std::error::Error, "Secret watch failed; retrying"),
-                }
-            }
-        })
-        .instrument(info_span!("secrets"));
-    let (kyma_store, kyma_writer) = reflector::store();
-
+    // KCP watches.
+    let (catalog_stores, catalog_changes) = watches::catalog(&kcp, &ns);
+    let (access_secrets, secret_store, secret_kymas) = watches::access_secrets(&kcp, &ns);
+    let (lease_store, lease_changes) = watches::leases(&kcp, &lease_namespace);
     let (catalog_tx, catalog_rx) = watch::channel(Arc::new(CatalogState::default()));
     let (requeue_tx, requeue_rx) = mpsc::channel(REQUEUE_CAPACITY);
-    let shards = ShardView::new(args.shards);
+    let view = ShardView::new(shards);
     let ctx = Arc::new(Context {
         kcp: kcp.clone(),
-        pool: SkrPool::new(
-            kcp.clone(),
-            ns.clone(),
-            access_settings(&args, &nonce, kcp_addrs, &metrics),
-            args.kcp_request_timeout,
-            metrics.skr.clone(),
-        ),
-        settings,
-        full_lists: tokio::sync::Semaphore::new(args.full_list_concurrency),
+        pool: SkrPool::new(kcp.clone(), ns.clone(), access, kcp_request_timeout, metrics.skr.clone()),
+        settings: Settings {
+            sync_namespace,
+            restricted_modules,
+            resync_period,
+            resync_jitter,
+            skr_concurrency,
+            skr_request_timeout,
+            sync_timeout,
+            backoff_min,
+            backoff_max,
+            kcp_request_timeout,
+        },
+        full_lists: tokio::sync::Semaphore::new(full_list_concurrency),
         metrics: metrics.clone(),
         catalog: catalog_rx.clone(),
         secrets: access_secrets,
         recorder: Recorder::new(
             kcp.clone(),
-            Reporter { controller: "catalogsync".into(), instance: Some(args.identity.clone()) },
+            Reporter { controller: "catalogsync".into(), instance: Some(identity.clone()) },
         ),
-        shards: shards.clone(),
+        shards: view.clone(),
         book: Book::default(),
     });
     let deleted_ctx = Arc::clone(&ctx);
-    let kyma_stream = watcher(Api::<Kyma>::namespaced(kcp.clone(), &ns), watcher::Config::default())
-        .default_backoff()
-        .modify(reconciler::trim)
-        .reflect(kyma_writer)
-        .inspect_ok(move |event| {
-            // Deletes never reach the controller (applied objects only); a Kyma deleted
-            // without finalizers shows no deletionTimestamp first.
-            if let watcher::Event::Delete(kyma) = event {
-                deleted_ctx.forget_kyma(&ObjectRef::from_obj(kyma));
-            }
-        })
-        .applied_objects()
-        .predicate_filter(reconciler::trigger_hash, PredicateConfig::default());
+    let (kyma_store, kyma_changes) = watches::kymas(&kcp, &ns, move |kyma| deleted_ctx.forget_kyma(&kyma));
 
-    // Leases: one cache for member and shard Leases, shared by the agent and the coordinator.
-    let lease_api: Api<Lease> = Api::namespaced(kcp.clone(), &args.lease_namespace);
-    let (lease_store, lease_writer) = reflector::store();
+    // Secret changes requeue their Kyma through a channel, so the Secret cache fills (and
+    // becomes ready) before the controller starts: no Kyma is judged against a partial cache.
+    let (secret_tx, secret_rx) = mpsc::channel::<ObjectRef<Kyma>>(REQUEUE_CAPACITY);
+    let secret_task = secret_kymas
+        .for_each(move |kyma| {
+            let tx = secret_tx.clone();
+            // Awaiting space only delays this Secret watch, never a Kyma watch.
+            async move { drop(tx.send(kyma).await) }
+        })
+        .instrument(info_span!("secrets"));
+    // One Lease cache for the shard agent and the coordinator; each change wakes both.
     let (lease_changed_tx, lease_changed_rx) = watch::channel(());
-    let lease_task = watcher(lease_api.clone(), watcher::Config::default().labels(LEASE_TYPE_LABEL))
-        .default_backoff()
-        .modify(|l: &mut Lease| l.metadata.managed_fields = None)
-        .reflect(lease_writer)
-        .for_each(move |event| {
-            if let Err(error) = &event {
-                warn!(error = error as &dyn std::error::Error, "Lease watch failed; retrying");
-            }
+    let lease_task = lease_changes
+        .for_each(move |()| {
             lease_changed_tx.send_replace(());
             futures::future::ready(())
         })
         .instrument(info_span!("leases"));
-    let timing = Timing {
-        lease_duration: args.lease_duration,
-        renew_deadline: args.renew_deadline,
-        retry_period: args.retry_period,
-        drain_timeout: args.drain_timeout,
-        request_timeout: args.skr_request_timeout,
-        kcp_request_timeout: args.kcp_request_timeout,
-    };
+
+    // Shard ownership.
+    let lease_api: Api<Lease> = Api::namespaced(kcp.clone(), &lease_namespace);
     // Cancelled by the shard agent once it released its shards on shutdown; only then is the
     // member Lease deleted.
     let shards_released = CancellationToken::new();
     let predecessors = membership::Predecessors::default();
     // A round of either loop takes a retry period plus a few bounded KCP requests.
-    let max_silence = 3 * (args.retry_period + 3 * args.kcp_request_timeout);
+    let max_silence = 3 * (retry_period + 3 * kcp_request_timeout);
     let membership_beat = crate::health::Heartbeat::new("member Lease", max_silence);
     let agent_beat = crate::health::Heartbeat::new("shard agent", max_silence);
     let membership_task = membership::Member {
         api: lease_api.clone(),
-        identity: args.identity.clone(),
+        identity: identity.clone(),
         nonce: nonce.clone(),
-        view: shards.clone(),
+        view: view.clone(),
         timing,
         metrics: metrics.shard.clone(),
         heartbeat: membership_beat.clone(),
@@ -274,12 +253,12 @@ pub async fn run_with(
     let (debug_tx, debug_rx) = watch::channel(ShardsDebug::default());
     metrics.observe_shards(debug_rx.clone()).map_err(AppError::Metrics)?;
     let release_ctx = Arc::clone(&ctx);
-    let agent = Agent {
+    let agent_task = Agent {
         api: lease_api.clone(),
-        identity: args.identity.clone(),
+        identity: identity.clone(),
         nonce,
         predecessors,
-        view: shards.clone(),
+        view: view.clone(),
         timing,
         leases: lease_store.clone(),
         kymas: kyma_store.clone(),
@@ -292,38 +271,68 @@ pub async fn run_with(
         metrics: metrics.clone(),
         debug: debug_tx,
         heartbeat: agent_beat.clone(),
-    };
-    let agent_task =
-        agent.run(lease_changed_rx.clone(), shutdown.clone(), shards_released).instrument(info_span!("shards"));
-    let coordinator = Coordinator {
+    }
+    .run(lease_changed_rx.clone(), shutdown.clone(), shards_released)
+    .instrument(info_span!("shards"));
+    let coordinator_task = Coordinator {
         lock: LeaseLock::new(
             kcp.clone(),
-            &args.lease_namespace,
+            &lease_namespace,
             LeaseLockParams {
                 lease_name: COORDINATOR_LEASE.to_owned(),
-                holder_id: args.identity.clone(),
-                lease_ttl: args.lease_duration,
+                holder_id: identity,
+                lease_ttl: lease_duration,
             },
         ),
-        api: lease_api.clone(),
-        leases: lease_store.clone(),
+        api: lease_api,
+        leases: lease_store,
         kymas: kyma_store.clone(),
-        view: shards.clone(),
+        view: view.clone(),
         timing,
         metrics: metrics.shard.clone(),
-    };
-    let coordinator_task = coordinator.run(lease_changed_rx, shutdown.clone()).instrument(info_span!("coordinator"));
+    }
+    .run(lease_changed_rx, shutdown.clone())
+    .instrument(info_span!("coordinator"));
 
+    // The catalog loop and the controller.
+    let catalog_task = run_catalog_loop(
+        Box::pin(catalog_changes),
+        catalog_stores.with_shrink_guard(ShrinkGuard::new(
+            catalog_shrink_threshold,
+            kcp.clone(),
+            &lease_namespace,
+            kcp_request_timeout,
+        )),
+        kyma_store.clone(),
+        catalog_tx,
+        requeue_tx,
+        Arc::clone(&ctx),
+        catalog_debounce,
+    )
+    .instrument(info_span!("catalog"));
+    let controller_task = {
+        let (catalog, secrets, kymas) = (catalog_rx.clone(), secret_store.clone(), kyma_store.clone());
+        let requeue = futures::stream::select(receiver_stream(requeue_rx), receiver_stream(secret_rx));
+        let shutdown = shutdown.clone();
+        async move {
+            if start_gate(catalog, &secrets).await {
+                reconciler::run(kyma_changes, kymas, requeue, concurrency, ctx, shutdown).await;
+            }
+        }
+        .instrument(info_span!("controller"))
+    };
+
+    // Serving.
     let (ready_tx, ready_rx) = watch::channel(false);
-    let http_shutdown = shutdown.clone();
-    let http_addr = args.http_addr;
+    let readiness = report_ready(secret_store, kyma_store, catalog_rx, view.clone(), ready_tx);
     let http_state = HttpState {
-        metrics: metrics.clone(),
+        metrics,
         ready: ready_rx,
         shards: debug_rx,
-        view: shards.clone(),
+        view: view.clone(),
         heartbeats: vec![membership_beat, agent_beat],
     };
+    let http_shutdown = shutdown.clone();
     let http_task = async move {
         if let Err(error) = http::serve(http_addr, http_state, async move { http_shutdown.cancelled().await }).await {
             error!(error = &error as &dyn std::error::Error, %http_addr, "HTTP server failed");
@@ -331,111 +340,32 @@ pub async fn run_with(
     }
     .instrument(info_span!("http"));
 
-    let catalog_task = run_catalog_loop(
-        Box::pin(catalog_changes),
-        catalog_stores.with_shrink_guard(ShrinkGuard::new(
-            args.catalog_shrink_threshold,
-            kcp.clone(),
-            &args.lease_namespace,
-            args.kcp_request_timeout,
-        )),
-        kyma_store.clone(),
-        catalog_tx,
-        requeue_tx,
-        Arc::clone(&ctx),
-        args.catalog_debounce,
-    )
-    .instrument(info_span!("catalog"));
-
-    let controller_ctx = Arc::clone(&ctx);
-    let vanished_ctx = Arc::clone(&ctx);
-    let controller_shutdown = shutdown.clone();
-    let mut catalog_ready = catalog_rx.clone();
-    let kyma_readiness = kyma_store.clone();
-    let secrets_ready = secret_store.clone();
-    let concurrency = args.concurrency;
-    let controller_task = async move {
-        // Never sync against an empty or partial catalog (that would prune every SKR), nor
-        // before the Secret cache is complete (every Kyma would look secret-less).
-        if catalog_ready.changed().await.is_err() || !until_ready(&secrets_ready).await {
-            return;
-        }
-        let requeue = futures::stream::select(receiver_stream(requeue_rx), receiver_stream(secret_rx));
-        Controller::for_stream(kyma_stream, kyma_store.clone())
-            .reconcile_on(requeue)
-            .with_config(controller::Config::default().concurrency(concurrency))
-            .graceful_shutdown_on(async move { controller_shutdown.cancelled().await })
-            .run(reconciler::reconcile, reconciler::error_policy, controller_ctx)
-            .for_each(|res| {
-                if let Err(controller::Error::ObjectNotFound(obj)) = &res {
-                    tracing::debug!(kyma = %obj, "Kyma vanished before its reconcile");
-                    // A requeue (catalog or Secret change, backoff, resync) of a deleted Kyma.
-                    let ns = obj.namespace.as_deref().unwrap_or_default();
-                    vanished_ctx.forget_kyma(&ObjectRef::new(&obj.name).within(ns));
-                }
-                futures::future::ready(())
-            })
-            .await;
-    }
-    .instrument(info_span!("controller"));
-
-    let readiness_view = shards.clone();
-    let readiness = async move {
-        let (secrets, kymas) = (secret_store, kyma_readiness);
-        let mut published = catalog_rx;
-        // The catalog loop publishes only after its stores listed everything.
-        let ok = until_ready(&secrets).await && published.changed().await.is_ok() && until_ready(&kymas).await;
-        // Ready also means holding a fresh member Lease.
-        while readiness_view.is_fenced() {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-        if ok {
-            info!("KCP caches synced and member Lease held; ready");
-            ready_tx.send_replace(true);
-        }
-        std::future::pending::<()>().await;
+    let mut tasks = Tasks {
+        controller: Task::spawn("controller", controller_task),
+        shard_agent: Task::spawn("shard agent", agent_task),
+        coordinator: Task::spawn("coordinator", coordinator_task),
+        membership: Task::spawn("membership", membership_task),
+        http: Task::spawn("http", http_task),
+        background: vec![
+            Task::spawn("catalog watch", catalog_task),
+            Task::spawn("secret watch", secret_task),
+            Task::spawn("lease watch", lease_task),
+            Task::spawn("readiness", readiness),
+        ],
     };
-
     // Every task is essential: if one ends while the replica is not shutting down, the
     // replica exits non-zero rather than staying Ready without doing its job.
-    let ordered = vec![
-        ("controller", tokio::spawn(controller_task)),
-        ("shard agent", tokio::spawn(agent_task)),
-        ("coordinator", tokio::spawn(coordinator_task)),
-        ("membership", tokio::spawn(membership_task)),
-        ("http", tokio::spawn(http_task)),
-    ];
-    let background = vec![
-        ("catalog watch", tokio::spawn(catalog_task)),
-        ("secret watch", tokio::spawn(secret_task)),
-        ("lease watch", tokio::spawn(lease_task)),
-        ("readiness", tokio::spawn(readiness)),
-    ];
-    let mut all: Vec<(&'static str, JoinHandle<()>)> = ordered.into_iter().chain(background).collect();
     let ended = tokio::select! {
         biased;
         () = shutdown.cancelled() => None,
-        (_, index, _) = futures::future::select_all(all.iter_mut().map(|(_, h)| h)) => Some(index),
+        task = tasks.first_to_end() => Some(task),
     };
     // A task that ended because shutdown began is not a failure.
-    let failed = ended.map(|index| all.remove(index).0).filter(|_| !shutdown.is_cancelled());
+    let failed = ended.filter(|_| !shutdown.is_cancelled());
     if let Some(task) = failed {
         error!(task, "Essential task ended unexpectedly; shutting down");
     }
-
-    // Shutdown, in order: stop SKR writes, let the controller finish or abandon in-flight
-    // syncs, release shard Leases, delete the member Lease, step down, stop serving.
-    shards.stop();
-    shutdown.cancel();
-    let deadline = tokio::time::Instant::now() + args.shutdown_timeout;
-    for (task, handle) in all.iter_mut().take_while(|(t, _)| !matches!(*t, "catalog watch")) {
-        if tokio::time::timeout_at(deadline, handle).await.is_err() {
-            warn!(task = *task, "Task did not stop within the shutdown timeout");
-        }
-    }
-    for (_, handle) in &all {
-        handle.abort();
-    }
+    tasks.shut_down(&view, &shutdown, tokio::time::Instant::now() + shutdown_timeout).await;
     match failed {
         Some(task) => Err(AppError::TaskEnded(task)),
         None => {
@@ -445,57 +375,154 @@ pub async fn run_with(
     }
 }
 
-/// Keeps of an access Secret's metadata only what is read: name, namespace, labels, uid and
-/// resourceVersion. Annotations go: after a client-side `kubectl apply` they hold the whole
-/// Secret, kubeconfig included (`last-applied-configuration`).
-fn trim_secret(secret: &mut PartialObjectMeta<Secret>) {
-    let meta = std::mem::take(&mut secret.metadata);
-    secret.metadata = kube::api::ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        labels: meta.labels,
-        uid: meta.uid,
-        resource_version: meta.resource_version,
-        ..kube::api::ObjectMeta::default()
-    };
+/// Whether the controller may start: never against an empty or partial catalog (that would
+/// prune every SKR), nor before the Secret cache is complete (every Kyma would look
+/// secret-less). False when either source ended first.
+async fn start_gate(
+    mut catalog: watch::Receiver<Arc<CatalogState>>,
+    secrets: &reflector::Store<PartialObjectMeta<Secret>>,
+) -> bool {
+    catalog.changed().await.is_ok() && watches::until_ready(secrets).await
 }
 
-/// How SKR clients are built, from the flags.
-fn access_settings(args: &RunArgs, nonce: &str, kcp_addrs: Vec<SocketAddr>, metrics: &Metrics) -> AccessSettings {
-    let destinations = Destinations::new(args.skr_allowed_destinations.clone()).deny(kcp_addrs);
-    let insecure_tls = if args.allow_insecure_skr_tls {
-        warn!("--allow-insecure-skr-tls is on: SKR kubeconfigs may switch TLS verification off; never in production");
-        metrics.skr.insecure_tls_allowed();
-        InsecureTls::Allow
-    } else {
-        InsecureTls::Refuse
-    };
-    info!(
-        destinations = %args.skr_allowed_destinations.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
-        max_response_bytes = args.skr_max_response_size,
-        "SKR access rules"
-    );
-    AccessSettings {
-        user_agent: format!("catalogsync/{} ({}) process/{nonce}", env!("CARGO_PKG_VERSION"), args.identity),
-        connect: SKR_CONNECT_TIMEOUT,
-        destinations: Arc::new(destinations),
-        insecure_tls,
-        max_response: args.skr_max_response_size,
+/// Reports the replica ready once its KCP caches are complete (the catalog loop publishes only
+/// after its stores listed everything) and it holds a fresh member Lease. Never ends.
+async fn report_ready(
+    secrets: reflector::Store<PartialObjectMeta<Secret>>,
+    kymas: reflector::Store<Kyma>,
+    mut published: watch::Receiver<Arc<CatalogState>>,
+    view: ShardView,
+    ready: watch::Sender<bool>,
+) {
+    let ok =
+        watches::until_ready(&secrets).await && published.changed().await.is_ok() && watches::until_ready(&kymas).await;
+    while view.is_fenced() {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    if ok {
+        info!("KCP caches synced and member Lease held; ready");
+        ready.send_replace(true);
+    }
+    std::future::pending::<()>().await;
+}
+
+/// One spawned task of the replica, by name; its handle is gone once it was seen to end.
+struct Task {
+    name: &'static str,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Task {
+    fn spawn(name: &'static str, task: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self { name, handle: Some(tokio::spawn(task)) }
+    }
+
+    /// Waits until the task ended or `deadline` passed; says so when it did not stop.
+    async fn stop_by(&mut self, deadline: tokio::time::Instant) {
+        let Some(handle) = self.handle.as_mut() else { return };
+        if tokio::time::timeout_at(deadline, handle).await.is_ok() {
+            self.handle = None;
+        } else {
+            warn!(task = self.name, "Task did not stop within the shutdown timeout");
+        }
+    }
+
+    fn abort(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.abort();
+        }
     }
 }
 
-/// Waits until a store finished its first list. A store's readiness signal wakes only its
-/// most recent waiter, and the controller waits on the same stores, so poll it again
-/// periodically rather than sleeping on it.
-async fn until_ready<K>(store: &reflector::Store<K>) -> bool
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    loop {
-        match tokio::time::timeout(std::time::Duration::from_millis(200), store.wait_until_ready()).await {
-            Ok(result) => return result.is_ok(),
-            Err(_) => continue,
+/// The tasks of a running replica, by the stage of shutdown that stops them.
+struct Tasks {
+    /// Syncs Kymas, the only writer to SKRs: stopped first, and drained.
+    controller: Task,
+    /// Releases this replica's shard Leases once the controller stopped writing.
+    shard_agent: Task,
+    /// Steps down as coordinator.
+    coordinator: Task,
+    /// Deletes the member Lease once the shards are released.
+    membership: Task,
+    /// Serves metrics and probes until the Leases are settled.
+    http: Task,
+    /// KCP watches and the readiness report: aborted last.
+    background: Vec<Task>,
+}
+
+impl Tasks {
+    fn all(&mut self) -> impl Iterator<Item = &mut Task> {
+        [&mut self.controller, &mut self.shard_agent, &mut self.coordinator, &mut self.membership, &mut self.http]
+            .into_iter()
+            .chain(self.background.iter_mut())
+    }
+
+    /// The name of the first task to end, whatever the reason; pending while none runs.
+    async fn first_to_end(&mut self) -> &'static str {
+        let mut running: Vec<&mut Task> = self.all().filter(|t| t.handle.is_some()).collect();
+        if running.is_empty() {
+            return std::future::pending().await;
+        }
+        let ended = {
+            let waits = running.iter_mut().filter_map(|t| t.handle.as_mut());
+            futures::future::select_all(waits).await.1
+        };
+        let task = &mut running[ended];
+        task.handle = None;
+        task.name
+    }
+
+    /// Shuts the replica down in stages, all within `deadline`: stop the writers, drain the
+    /// controller's syncs, release the shard Leases (shard agent, then coordinator, then
+    /// member Lease), stop serving, stop the watches.
+    async fn shut_down(mut self, view: &ShardView, shutdown: &CancellationToken, deadline: tokio::time::Instant) {
+        // Stop writers: no new SKR write starts, every loop hears the shutdown.
+        view.stop();
+        shutdown.cancel();
+        // Drain: the controller finishes or abandons its in-flight syncs.
+        self.controller.stop_by(deadline).await;
+        // Release: shard Leases first, then the coordinator Lease, then the member Lease.
+        self.shard_agent.stop_by(deadline).await;
+        self.coordinator.stop_by(deadline).await;
+        self.membership.stop_by(deadline).await;
+        // Stop serving.
+        self.http.stop_by(deadline).await;
+        // Stop watches, and whatever did not stop in time.
+        for task in self.all() {
+            task.abort();
+        }
+    }
+}
+
+/// The SKR access flags.
+struct SkrAccessFlags {
+    destinations: Vec<Rule>,
+    allow_insecure_tls: bool,
+    max_response: usize,
+}
+
+impl SkrAccessFlags {
+    /// How SKR clients are built: with these rules, never to the KCP's own addresses, and with
+    /// a user agent naming this replica and process.
+    fn settings(self, identity: &str, nonce: &str, kcp_addrs: Vec<SocketAddr>, metrics: &Metrics) -> AccessSettings {
+        let listed = self.destinations.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+        let destinations = Destinations::new(self.destinations).deny(kcp_addrs);
+        let insecure_tls = if self.allow_insecure_tls {
+            warn!(
+                "--allow-insecure-skr-tls is on: SKR kubeconfigs may switch TLS verification off; never in production"
+            );
+            metrics.skr.insecure_tls_allowed();
+            InsecureTls::Allow
+        } else {
+            InsecureTls::Refuse
+        };
+        info!(destinations = %listed, max_response_bytes = self.max_response, "SKR access rules");
+        AccessSettings {
+            user_agent: format!("catalogsync/{} ({identity}) process/{nonce}", env!("CARGO_PKG_VERSION")),
+            connect: SKR_CONNECT_TIMEOUT,
+            destinations: Arc::new(destinations),
+            insecure_tls,
+            max_response: self.max_response,
         }
     }
 }
@@ -503,36 +530,4 @@ where
 /// A stream over an mpsc receiver.
 fn receiver_stream<T: Send + 'static>(rx: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> + Send + 'static {
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_secret_cache_keeps_no_annotations() {
-        let mut secret: PartialObjectMeta<Secret> = PartialObjectMeta {
-            types: None,
-            metadata: kube::api::ObjectMeta {
-                name: Some("s".into()),
-                namespace: Some("kcp-system".into()),
-                labels: Some([(KYMA_NAME_LABEL.to_owned(), "k".to_owned())].into()),
-                uid: Some("u".into()),
-                resource_version: Some("7".into()),
-                annotations: Some(
-                    [("kubectl.kubernetes.io/last-applied-configuration".to_owned(), "{\"data\":{}}".to_owned())]
-                        .into(),
-                ),
-                managed_fields: Some(vec![Default::default()]),
-                ..Default::default()
-            },
-            _phantom: std::marker::PhantomData,
-        };
-        trim_secret(&mut secret);
-        let m = &secret.metadata;
-        assert_eq!((m.name.as_deref(), m.namespace.as_deref()), (Some("s"), Some("kcp-system")));
-        assert_eq!((m.uid.as_deref(), m.resource_version.as_deref()), (Some("u"), Some("7")));
-        assert!(m.labels.is_some());
-        assert!(m.annotations.is_none() && m.managed_fields.is_none());
-    }
 }

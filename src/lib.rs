@@ -30,3 +30,4 @@ pub mod skr;
 pub mod sync;
 pub mod telemetry;
 pub mod text;
+pub mod watches;

@@ -6,12 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt, stream};
+use futures::{Stream, StreamExt};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
@@ -116,48 +115,6 @@ impl CatalogStores {
             .collect();
         CatalogState::published(snapshot, SkrCrds::from_kcp(found))
     }
-}
-
-/// Starts the KCP watches of the catalog. Returns the stores and one stream that yields
-/// `()` per change; the stream must be polled for the stores to fill.
-pub fn watch_catalog(kcp: &Client, namespace: &str) -> (CatalogStores, impl Stream<Item = ()> + Send + 'static) {
-    let strip = |o: &mut DynamicObject| o.metadata.managed_fields = None;
-    let mt_ar = CatalogKind::ModuleTemplate.api_resource();
-    let mrm_ar = CatalogKind::ModuleReleaseMeta.api_resource();
-    let mt_writer = reflector::store::Writer::new(mt_ar.clone());
-    let mt_store = mt_writer.as_reader();
-    let mrm_writer = reflector::store::Writer::new(mrm_ar.clone());
-    let mrm_store = mrm_writer.as_reader();
-    let mts =
-        watcher(Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mt_ar), watcher::Config::default())
-            .default_backoff()
-            .modify(strip)
-            .reflect(mt_writer)
-            .map(|_| ());
-    let mrms =
-        watcher(Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mrm_ar), watcher::Config::default())
-            .default_backoff()
-            .modify(strip)
-            .reflect(mrm_writer)
-            .map(|_| ());
-    let crd_api: Api<CustomResourceDefinition> = Api::all(kcp.clone());
-    let mut crd_stores = Vec::new();
-    let crd_streams = skr_crd_names().map(|name| {
-        let (store, writer) = reflector::store();
-        crd_stores.push(store);
-        watcher(crd_api.clone(), watcher::Config::default().fields(&format!("metadata.name={name}")))
-            .default_backoff()
-            .modify(|c: &mut CustomResourceDefinition| {
-                c.metadata.managed_fields = None;
-                c.status = None;
-            })
-            .reflect(writer)
-            .map(|_| ())
-            .boxed()
-    });
-    let crds = stream::select_all(crd_streams);
-    let changes = stream::select(stream::select(mts, mrms), crds);
-    (CatalogStores { templates: mt_store, release_metas: mrm_store, crds: crd_stores, guard: None }, changes)
 }
 
 /// Rebuilds the catalog state after each settled burst of changes, publishes it, and sends

@@ -6,14 +6,18 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures::{Stream, StreamExt};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use rand::Rng;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::api::{KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, SKIP_RECONCILIATION_LABEL, is_flag_on};
@@ -215,6 +219,35 @@ pub fn trigger_hash(kyma: &Kyma) -> Option<u64> {
     kyma.metadata.labels.hash(&mut h);
     kyma.metadata.deletion_timestamp.is_some().hash(&mut h);
     Some(h.finish())
+}
+
+/// Runs the Kyma controller until `shutdown`: reconciles every Kyma `changes` yields and every
+/// Kyma `requeue` names, at most `concurrency` at once, from the store `kymas`. A requeued Kyma
+/// that is gone from the store is forgotten ([`Context::forget_kyma`]).
+pub async fn run(
+    changes: impl Stream<Item = std::result::Result<Kyma, watcher::Error>> + Send + 'static,
+    kymas: Store<Kyma>,
+    requeue: impl Stream<Item = ObjectRef<Kyma>> + Send + 'static,
+    concurrency: u16,
+    ctx: Arc<Context>,
+    shutdown: CancellationToken,
+) {
+    let vanished = Arc::clone(&ctx);
+    Controller::for_stream(changes, kymas)
+        .reconcile_on(requeue)
+        .with_config(controller::Config::default().concurrency(concurrency))
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| {
+            if let Err(controller::Error::ObjectNotFound(obj)) = &res {
+                debug!(kyma = %obj, "Kyma vanished before its reconcile");
+                // A requeue (catalog or Secret change, backoff, resync) of a deleted Kyma.
+                let ns = obj.namespace.as_deref().unwrap_or_default();
+                vanished.forget_kyma(&ObjectRef::new(&obj.name).within(ns));
+            }
+            futures::future::ready(())
+        })
+        .await;
 }
 
 /// Syncs the SKR of one Kyma.

@@ -1,0 +1,214 @@
+//! The KCP watches of a replica: Kymas, access Secrets, Leases and the catalog. Each function
+//! returns what the rest of the replica reads (a store, an index) and the stream that fills it;
+//! the stream must be polled for the store to fill, and the caller decides where.
+
+use futures::{Stream, StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DynamicObject, PartialObjectMeta};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tracing::warn;
+
+use crate::api::{KYMA_NAME_LABEL, Kyma, LEASE_TYPE_LABEL};
+use crate::catalog::CatalogKind;
+use crate::skr::AccessSecrets;
+use crate::sync::catalog::CatalogStores;
+use crate::sync::executor::skr_crd_names;
+use crate::sync::reconciler;
+
+/// The Kymas of `namespace`: their store (trimmed to what the controller reads), and the stream
+/// of Kymas whose trigger fields changed ([`reconciler::trigger_hash`]), which drives the
+/// controller. `on_delete` hears of every deleted Kyma: deletes never reach the controller,
+/// and a Kyma deleted without finalizers shows no deletionTimestamp first.
+pub fn kymas(
+    kcp: &Client,
+    namespace: &str,
+    on_delete: impl Fn(ObjectRef<Kyma>) + Send + 'static,
+) -> (Store<Kyma>, impl Stream<Item = Result<Kyma, watcher::Error>> + Send + 'static) {
+    let (store, writer) = reflector::store();
+    let changes = watcher(Api::<Kyma>::namespaced(kcp.clone(), namespace), watcher::Config::default())
+        .default_backoff()
+        .modify(reconciler::trim)
+        .reflect(writer)
+        .inspect_ok(move |event| {
+            if let watcher::Event::Delete(kyma) = event {
+                on_delete(ObjectRef::from_obj(kyma));
+            }
+        })
+        .applied_objects()
+        .predicate_filter(reconciler::trigger_hash, PredicateConfig::default());
+    (store, changes)
+}
+
+/// The access Secrets of `namespace` (metadata only, trimmed by [`trim_secret`]): their index by
+/// Kyma, their store (to know when it is complete), and the stream of the Kymas whose Secret
+/// changed. A failing watch is logged and retried with backoff.
+pub fn access_secrets(
+    kcp: &Client,
+    namespace: &str,
+) -> (AccessSecrets, Store<PartialObjectMeta<Secret>>, impl Stream<Item = ObjectRef<Kyma>> + Send + 'static) {
+    let (store, writer) = reflector::store();
+    let secrets = AccessSecrets::new(store.clone());
+    let (noted, forgotten) = (secrets.clone(), secrets.clone());
+    let namespace = namespace.to_owned();
+    let kymas = watcher(
+        Api::<PartialObjectMeta<Secret>>::namespaced(kcp.clone(), &namespace),
+        watcher::Config::default().labels(KYMA_NAME_LABEL),
+    )
+    .default_backoff()
+    .modify(move |s| {
+        trim_secret(s);
+        // Indexed before the cache holds it; see `AccessSecrets`.
+        noted.note(s);
+    })
+    .reflect(writer)
+    .inspect_ok(move |event| {
+        if let watcher::Event::Delete(s) = event {
+            forgotten.forget(s);
+        }
+    })
+    .touched_objects()
+    .filter_map(move |event| {
+        let kyma = match event {
+            Ok(secret) => secret
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(KYMA_NAME_LABEL))
+                .map(|kyma| ObjectRef::<Kyma>::new(kyma).within(&namespace)),
+            Err(error) => {
+                warn!(error = &error as &dyn std::error::Error, "Secret watch failed; retrying");
+                None
+            }
+        };
+        futures::future::ready(kyma)
+    });
+    (secrets, store, kymas)
+}
+
+/// The member and shard Leases of `namespace` (one cache for the shard agent and the
+/// coordinator), and a stream that yields once per change or watch error. A failing watch is
+/// logged and retried with backoff.
+pub fn leases(kcp: &Client, namespace: &str) -> (Store<Lease>, impl Stream<Item = ()> + Send + 'static) {
+    let (store, writer) = reflector::store();
+    let changes =
+        watcher(Api::<Lease>::namespaced(kcp.clone(), namespace), watcher::Config::default().labels(LEASE_TYPE_LABEL))
+            .default_backoff()
+            .modify(|l: &mut Lease| l.metadata.managed_fields = None)
+            .reflect(writer)
+            .map(|event| {
+                if let Err(error) = &event {
+                    warn!(error = error as &dyn std::error::Error, "Lease watch failed; retrying");
+                }
+            });
+    (store, changes)
+}
+
+/// The catalog of `namespace` (ModuleTemplates, ModuleReleaseMetas) and the two catalog CRDs:
+/// their stores, and one stream that yields once per change.
+pub fn catalog(kcp: &Client, namespace: &str) -> (CatalogStores, impl Stream<Item = ()> + Send + 'static) {
+    let strip = |o: &mut DynamicObject| o.metadata.managed_fields = None;
+    let mt_ar = CatalogKind::ModuleTemplate.api_resource();
+    let mrm_ar = CatalogKind::ModuleReleaseMeta.api_resource();
+    let mt_writer = reflector::store::Writer::new(mt_ar.clone());
+    let mt_store = mt_writer.as_reader();
+    let mrm_writer = reflector::store::Writer::new(mrm_ar.clone());
+    let mrm_store = mrm_writer.as_reader();
+    let mts =
+        watcher(Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mt_ar), watcher::Config::default())
+            .default_backoff()
+            .modify(strip)
+            .reflect(mt_writer)
+            .map(|_| ());
+    let mrms =
+        watcher(Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mrm_ar), watcher::Config::default())
+            .default_backoff()
+            .modify(strip)
+            .reflect(mrm_writer)
+            .map(|_| ());
+    let crd_api: Api<CustomResourceDefinition> = Api::all(kcp.clone());
+    let mut crd_stores = Vec::new();
+    // Each CRD is watched by name: a watcher's re-list replaces its whole store.
+    let crd_streams = skr_crd_names().map(|name| {
+        let (store, writer) = reflector::store();
+        crd_stores.push(store);
+        watcher(crd_api.clone(), watcher::Config::default().fields(&format!("metadata.name={name}")))
+            .default_backoff()
+            .modify(|c: &mut CustomResourceDefinition| {
+                c.metadata.managed_fields = None;
+                c.status = None;
+            })
+            .reflect(writer)
+            .map(|_| ())
+            .boxed()
+    });
+    let crds = stream::select_all(crd_streams);
+    let changes = stream::select(stream::select(mts, mrms), crds);
+    (CatalogStores { templates: mt_store, release_metas: mrm_store, crds: crd_stores, guard: None }, changes)
+}
+
+/// Keeps of an access Secret's metadata only what is read: name, namespace, labels, uid and
+/// resourceVersion. Annotations go: after a client-side `kubectl apply` they hold the whole
+/// Secret, kubeconfig included (`last-applied-configuration`).
+fn trim_secret(secret: &mut PartialObjectMeta<Secret>) {
+    let meta = std::mem::take(&mut secret.metadata);
+    secret.metadata = kube::api::ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        labels: meta.labels,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        ..kube::api::ObjectMeta::default()
+    };
+}
+
+/// Waits until a store finished its first list. A store's readiness signal wakes only its
+/// most recent waiter, and several tasks wait on the same stores, so poll it again
+/// periodically rather than sleeping on it.
+pub async fn until_ready<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_millis(200), store.wait_until_ready()).await {
+            Ok(result) => return result.is_ok(),
+            Err(_) => continue,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_secret_cache_keeps_no_annotations() {
+        let mut secret: PartialObjectMeta<Secret> = PartialObjectMeta {
+            types: None,
+            metadata: kube::api::ObjectMeta {
+                name: Some("s".into()),
+                namespace: Some("kcp-system".into()),
+                labels: Some([(KYMA_NAME_LABEL.to_owned(), "k".to_owned())].into()),
+                uid: Some("u".into()),
+                resource_version: Some("7".into()),
+                annotations: Some(
+                    [("kubectl.kubernetes.io/last-applied-configuration".to_owned(), "{\"data\":{}}".to_owned())]
+                        .into(),
+                ),
+                managed_fields: Some(vec![Default::default()]),
+                ..Default::default()
+            },
+            _phantom: std::marker::PhantomData,
+        };
+        trim_secret(&mut secret);
+        let m = &secret.metadata;
+        assert_eq!((m.name.as_deref(), m.namespace.as_deref()), (Some("s"), Some("kcp-system")));
+        assert_eq!((m.uid.as_deref(), m.resource_version.as_deref()), (Some("u"), Some("7")));
+        assert!(m.labels.is_some());
+        assert!(m.annotations.is_none() && m.managed_fields.is_none());
+    }
+}
