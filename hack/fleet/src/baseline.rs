@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use axum::Router;
@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use self::queue::WorkQueue;
+use crate::stats::{Percentiles, unix_ms};
 
 mod queue;
 
@@ -128,21 +129,6 @@ pub struct BaselineArgs {
     pub once_linger: Duration,
 }
 
-/// Nearest-rank percentiles of a set of durations, in seconds (all zero when empty).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Percentiles {
-    /// Number of samples (the most recent [`MAX_SAMPLES`] at most).
-    pub count: u64,
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Largest sample.
-    pub max: f64,
-}
-
 /// What the baseline has done since start or the last `POST /reset`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct BaselineStats {
@@ -166,10 +152,11 @@ pub struct BaselineStats {
     /// Sum of [`BaselineStats::requests`].
     pub requests_total: u64,
     /// Duration of completed passes, failed ones included (desired set, SKR client, SKR
-    /// requests).
+    /// requests), in seconds, over the most recent [`MAX_SAMPLES`] passes.
     pub pass_seconds: Percentiles,
     /// From when a Kyma was due (start, requeue time, or a label/generation change) to when
-    /// its pass started: above zero when the workers do not keep up with the period.
+    /// its pass started: above zero when the workers do not keep up with the period. In
+    /// seconds, over the most recent [`MAX_SAMPLES`] passes.
     pub queue_lag_seconds: Percentiles,
     /// When the controller started (caches synced), Unix milliseconds (not reset).
     #[serde(default)]
@@ -1082,23 +1069,8 @@ impl Samples {
     }
 
     fn percentiles(&self) -> Percentiles {
-        let mut values: Vec<f64> = lock(&self.0).iter().copied().collect();
-        values.sort_by(f64::total_cmp);
-        let rank = |q: f64| -> f64 {
-            let n = values.len();
-            if n == 0 {
-                return 0.0;
-            }
-            let index = ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
-            values.get(index).copied().unwrap_or_default()
-        };
-        Percentiles {
-            count: values.len() as u64,
-            p50: rank(0.50),
-            p90: rank(0.90),
-            p99: rank(0.99),
-            max: values.last().copied().unwrap_or_default(),
-        }
+        let values: Vec<f64> = lock(&self.0).iter().copied().collect();
+        Percentiles::of(&values)
     }
 
     fn reset(&self) {
@@ -1216,10 +1188,6 @@ impl TokenBucket {
 /// Locks a std mutex, ignoring poisoning (every critical section here leaves valid state).
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 async fn kcp_client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use futures::TryStreamExt as _;
@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 use crate::baseline::BaselineAdmin;
 use crate::sim::{Faults, SimAdmin};
+use crate::stats::{nearest_rank, unix_ms};
 use testenv::process::free_port;
 use testenv::{
     self, CATALOGSYNC_GROUPS, CATALOGSYNC_USER, Catalogsync, ControlPlane, Etcd, ManagedProcess, apply_docs,
@@ -35,11 +36,6 @@ pub const AUTHOR: &str = "fleet-bench";
 const KYMA_NAME_LABEL: &str = "operator.kyma-project.io/kyma-name";
 /// Kymas and Secrets created at once.
 const CREATE_CONCURRENCY: usize = 32;
-
-/// Seconds since the epoch, as milliseconds.
-pub fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default()
-}
 
 /// CPU time and memory of one process, from `/proc`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -625,35 +621,6 @@ async fn first_json_line(log: &Path, timeout: Duration, what: &str) -> Result<Va
     }
 }
 
-/// Percentiles of `values` (nearest rank), for tables.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Dist {
-    /// Median.
-    pub p50: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Largest.
-    pub max: f64,
-}
-
-impl Dist {
-    /// Computes the distribution of `values`.
-    pub fn of(values: &[f64]) -> Self {
-        if values.is_empty() {
-            return Self::default();
-        }
-        let mut v = values.to_vec();
-        v.sort_by(f64::total_cmp);
-        let at = |q: f64| v[nearest_rank(v.len(), q)];
-        Self { p50: at(0.5), p99: at(0.99), max: v[v.len() - 1] }
-    }
-}
-
-/// The index of quantile `q` among `n` sorted values (nearest rank; `n` > 0).
-fn nearest_rank(n: usize, q: f64) -> usize {
-    (((n as f64) * q).ceil() as usize).clamp(1, n) - 1
-}
-
 /// Watches every SKR of the simulator until each holds `name` of `resource` with mark
 /// `value` (or at all when `None`); returns each SKR's latency in seconds from `t0_ms`.
 ///
@@ -770,7 +737,7 @@ mod tests {
         assert_eq!(all.dist(), ["50.00".to_owned(), "99.00".into(), "100.00".into()]);
         let most = Reached { latencies: (1..=98).map(f64::from).collect(), expected: 100, window_secs: 600.0 };
         assert_eq!(most.dist(), ["50.00".to_owned(), "> 600".into(), "> 600".into()]);
-        let d = Dist::of(&(1..=100).map(f64::from).collect::<Vec<_>>());
+        let d = crate::stats::Percentiles::of(&(1..=100).map(f64::from).collect::<Vec<_>>());
         assert_eq!((d.p50, d.p99, d.max), (50.0, 99.0, 100.0));
     }
 }

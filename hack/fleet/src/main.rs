@@ -16,6 +16,7 @@ mod baseline;
 mod bench;
 mod scenarios;
 mod sim;
+mod stats;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

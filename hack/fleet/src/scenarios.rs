@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use clap::{Args, ValueEnum};
 
-use crate::bench::{Bench, Dist, ProcSample, Reached, await_marks, await_synced, marks_until, unix_ms};
+use crate::bench::{Bench, ProcSample, Reached, await_marks, await_synced, marks_until};
 use crate::sim::{Faults, MARK_ANNOTATION, SimStats};
+use crate::stats::{Percentiles, unix_ms};
 
 /// What `fleet run` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -246,7 +247,7 @@ fn replica_ids(n: usize, offset: usize) -> Vec<String> {
 /// One propagation measurement: writes `mark` on the given objects and waits until every SKR
 /// holds `last` (the object its sync writes last) with it.
 struct Propagation {
-    latencies: Dist,
+    latencies: Percentiles,
     window: Window,
     /// CPU seconds of all replicas, from the first write to the end of the window.
     replica_cpu: f64,
@@ -278,7 +279,7 @@ async fn propagate(bench: &Bench, objects: &[(&str, String)], mark: &str, timeou
     tokio::time::sleep(Duration::from_secs(2)).await;
     let cpu1 = cpu_now(bench)?;
     Ok(Propagation {
-        latencies: Dist::of(&lat),
+        latencies: Percentiles::of(&lat),
         window: window(bench).await?,
         replica_cpu: cpu1.0 - cpu0.0,
         sim_cpu: cpu1.1 - cpu0.1,
@@ -618,7 +619,7 @@ async fn new_module(bench: &Bench, timeout: Duration) -> Result<Vec<String>> {
     bench.apply_catalog_object(&mt).await?;
     bench.apply_catalog_object(&mrm).await?;
     let lat = await_marks(sim, "modulereleasemetas", "fleet-new", None, bench.kymas.len(), t0, timeout).await?;
-    let d = Dist::of(&lat);
+    let d = Percentiles::of(&lat);
     Ok(vec!["catalogsync, 3 replicas".into(), f2(d.p50), f2(d.p99), f2(d.max)])
 }
 
@@ -655,7 +656,7 @@ async fn fault_run(bench: &Bench, latency_ms: f64) -> Result<String> {
     bench.annotate("moduletemplates", &mt, MARK_ANNOTATION, "faults").await?;
     let timeout = Duration::from_secs(900);
     let healthy =
-        Dist::of(&await_marks(&sim, "moduletemplates", &mt, Some("faults"), n - down.len(), t0, timeout).await?);
+        Percentiles::of(&await_marks(&sim, "moduletemplates", &mt, Some("faults"), n - down.len(), t0, timeout).await?);
     let during = sim.stats(false).await?;
     sim.set_faults(&Faults { latency_ms, ..Faults::default() }).await?;
     let t1 = unix_ms();
@@ -1115,7 +1116,7 @@ async fn calibrate(args: &RunArgs, dir: &std::path::Path, report: &mut Report) -
         .iter()
         .enumerate()
         .map(|(i, (kind, _))| {
-            let ms = |d: &Dist| format!("{} / {}", f2(d.p50 * 1000.0), f2(d.p99 * 1000.0));
+            let ms = |d: &Percentiles| format!("{} / {}", f2(d.p50 * 1000.0), f2(d.p99 * 1000.0));
             vec![(*kind).into(), ms(&real[i]), ms(&bare[i]), ms(&slowed[i])]
         })
         .collect();
@@ -1148,7 +1149,7 @@ enum Probe {
 }
 
 /// Times 100 requests of one kind (after 5 warm-up requests); seconds.
-async fn probe(client: &kube::Client, kind: Probe, mt: &str) -> Result<Dist> {
+async fn probe(client: &kube::Client, kind: Probe, mt: &str) -> Result<Percentiles> {
     use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
     let ar = catalogsync::catalog::CatalogKind::ModuleTemplate.api_resource();
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), crate::bench::SYNC_NS, &ar);
@@ -1175,7 +1176,7 @@ async fn probe(client: &kube::Client, kind: Probe, mt: &str) -> Result<Dist> {
             samples.push(t.elapsed().as_secs_f64());
         }
     }
-    Ok(Dist::of(&samples))
+    Ok(Percentiles::of(&samples))
 }
 
 /// Bytes of one list of the SKR's ModuleTemplates, metadata-only or full.

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::Percentiles;
 use super::store::Res;
+use crate::stats::Percentiles;
 
 /// Request verbs, as in the stats keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
