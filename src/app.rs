@@ -90,7 +90,8 @@ async fn kcp_addresses(url: &::http::Uri) -> Vec<SocketAddr> {
     }
 }
 
-async fn signal_handler(token: CancellationToken) {
+/// Cancels `token` on SIGTERM or Ctrl-C.
+pub async fn signal_handler(token: CancellationToken) {
     #[cfg(unix)]
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -486,8 +487,9 @@ fn access_settings(args: &RunArgs, nonce: &str, kcp_addrs: Vec<SocketAddr>, metr
 
 /// Waits until a store finished its first list. A store's readiness signal wakes only its
 /// most recent waiter, and the controller waits on the same stores, so poll it again
-/// periodically rather than sleeping on it.
-async fn until_ready<K>(store: &reflector::Store<K>) -> bool
+/// periodically rather than sleeping on it. Returns false when the store's writer was dropped
+/// first.
+pub async fn until_ready<K>(store: &reflector::Store<K>) -> bool
 where
     K: kube::Resource + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,

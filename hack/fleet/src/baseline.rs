@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use catalogsync::api::Kyma;
+use catalogsync::app::{signal_handler, until_ready};
 use kube::runtime::reflector::Store;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -39,7 +40,7 @@ pub use self::args::BaselineArgs;
 pub use self::stats::BaselineStats;
 
 use self::args::Settings;
-use self::kcp::{Catalog, kcp_client, until_ready, watch_catalog, watch_secrets};
+use self::kcp::{Catalog, kcp_client, watch_catalog, watch_secrets};
 use self::pass::PassSettings;
 use self::queue::WorkQueue;
 use self::schedule::Scheduler;
@@ -75,7 +76,7 @@ pub async fn run(args: BaselineArgs) -> Result<()> {
     let signal = CancellationToken::new();
     let shutdown = signal.child_token();
     let admin_stop = CancellationToken::new();
-    let signals = tokio::spawn(on_signal(signal.clone()));
+    let signals = tokio::spawn(signal_handler(signal.clone()));
 
     let (catalog, catalog_task) = watch_catalog(&kcp, &kcp_namespace);
     let (secrets, secret_task) = watch_secrets(&kcp, &kcp_namespace);
@@ -170,30 +171,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Cancels `token` on SIGTERM or Ctrl-C.
-async fn on_signal(token: CancellationToken) {
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(error) => {
-                warn!(error = &error as &dyn std::error::Error, "Cannot listen for SIGTERM");
-                let _ = tokio::signal::ctrl_c().await;
-                token.cancel();
-                return;
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-    info!("Stopping");
-    token.cancel();
-}
-
+/// The baseline's own subscriber: `RUST_LOG` or a quiet default, plain text, colour only on a
+/// terminal (its stderr goes to a log file). catalogsync's `telemetry::init` takes the filter
+/// from a flag instead.
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_client=error,kube_runtime=warn"));

@@ -8,13 +8,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use catalogsync::api::Kyma;
+use catalogsync::app::until_ready;
 use futures::{StreamExt, future};
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::kcp::{key_of, until_ready, watch_kymas};
+use super::kcp::{key_of, watch_kymas};
 use super::pass::reconcile;
 use super::queue::WorkQueue;
 use super::{Ctx, SHUTDOWN_TIMEOUT, lock};

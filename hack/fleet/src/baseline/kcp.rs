@@ -152,7 +152,9 @@ pub(super) fn watch_kymas(
     (store, events)
 }
 
-/// Keeps only what a pass reads of a Kyma (labels, identity, generation).
+/// Keeps only what a pass reads of a Kyma (labels, identity, generation). Not catalogsync's
+/// `sync::reconciler::trim`: that one keeps the `ModuleCatalog` condition catalogsync reads,
+/// which a KLM pass neither reads nor writes.
 fn trim_kyma(kyma: &mut Kyma) {
     kyma.metadata.managed_fields = None;
     kyma.metadata.annotations = None;
@@ -160,28 +162,15 @@ fn trim_kyma(kyma: &mut Kyma) {
     kyma.status = None;
 }
 
-/// KLM's Kyma event filter: generation or label changes (plus identity).
+/// KLM's Kyma event filter: generation or label changes (plus identity). Not catalogsync's
+/// `sync::reconciler::trigger_hash`, which leaves generation out: KLM's generation predicate
+/// also passes spec changes on, which catalogsync does not react to.
 fn trigger_hash(kyma: &Kyma) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     kyma.metadata.uid.hash(&mut h);
     kyma.metadata.generation.hash(&mut h);
     kyma.metadata.labels.hash(&mut h);
     Some(h.finish())
-}
-
-/// Waits until a store finished its first list (polled: a readiness signal wakes only its
-/// latest waiter).
-pub(super) async fn until_ready<K>(store: &Store<K>) -> bool
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
-{
-    loop {
-        match tokio::time::timeout(std::time::Duration::from_millis(200), store.wait_until_ready()).await {
-            Ok(result) => return result.is_ok(),
-            Err(_) => continue,
-        }
-    }
 }
 
 /// The work-queue key of a Kyma: `<namespace>/<name>`.
