@@ -13,11 +13,12 @@ use futures::TryStreamExt as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::baseline::BaselineAdmin;
 use crate::sim::{Faults, SimAdmin};
-use crate::stats::{nearest_rank, unix_ms};
+use crate::stats::{Percentiles, nearest_rank, unix_ms};
 use testenv::process::free_port;
 use testenv::{
     self, CATALOGSYNC_GROUPS, CATALOGSYNC_USER, Catalogsync, ControlPlane, Etcd, ManagedProcess, apply_docs,
@@ -659,15 +660,51 @@ pub struct Reached {
 
 impl Reached {
     /// p50 / p99 / max over all expected SKRs, those still without it counted as later than
-    /// the window (shown as `> window`).
-    pub fn dist(&self) -> [String; 3] {
+    /// the window.
+    pub fn spread(&self) -> Spread {
         let mut v = self.latencies.clone();
         v.sort_by(f64::total_cmp);
         let n = self.expected.max(v.len()).max(1);
-        let at = |q: f64| {
-            v.get(nearest_rank(n, q)).map_or_else(|| format!("> {:.0}", self.window_secs), |x| format!("{x:.2}"))
-        };
-        [at(0.5), at(0.99), at(1.0)]
+        let at =
+            |q: f64| v.get(nearest_rank(n, q)).map_or(Latency::LaterThan(self.window_secs), |x| Latency::Seconds(*x));
+        Spread { p50: at(0.5), p99: at(0.99), max: at(1.0) }
+    }
+}
+
+/// How long a change took to reach a quantile of the SKRs expected to get it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Latency {
+    /// Reached after this many seconds.
+    Seconds(f64),
+    /// Not reached within the window watched, this many seconds long.
+    LaterThan(f64),
+}
+
+impl std::fmt::Display for Latency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Latency::Seconds(s) => write!(f, "{s:.2}"),
+            Latency::LaterThan(window) => write!(f, "> {window:.0}"),
+        }
+    }
+}
+
+/// The p50, p99 and max latency of a change over the SKRs expected to get it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Spread {
+    /// Median.
+    pub p50: Latency,
+    /// 99th percentile.
+    pub p99: Latency,
+    /// The last SKR.
+    pub max: Latency,
+}
+
+impl From<&Percentiles> for Spread {
+    /// Latencies every expected SKR reached, in seconds.
+    fn from(p: &Percentiles) -> Spread {
+        Spread { p50: Latency::Seconds(p.p50), p99: Latency::Seconds(p.p99), max: Latency::Seconds(p.max) }
     }
 }
 
@@ -734,10 +771,12 @@ mod tests {
     #[test]
     fn skrs_still_without_a_mark_count_as_later_than_the_window() {
         let all = Reached { latencies: (1..=100).map(f64::from).collect(), expected: 100, window_secs: 600.0 };
-        assert_eq!(all.dist(), ["50.00".to_owned(), "99.00".into(), "100.00".into()]);
+        let text = |s: Spread| [s.p50, s.p99, s.max].map(|l| l.to_string());
+        assert_eq!(text(all.spread()), ["50.00".to_owned(), "99.00".into(), "100.00".into()]);
         let most = Reached { latencies: (1..=98).map(f64::from).collect(), expected: 100, window_secs: 600.0 };
-        assert_eq!(most.dist(), ["50.00".to_owned(), "> 600".into(), "> 600".into()]);
-        let d = crate::stats::Percentiles::of(&(1..=100).map(f64::from).collect::<Vec<_>>());
+        assert_eq!(text(most.spread()), ["50.00".to_owned(), "> 600".into(), "> 600".into()]);
+        assert_eq!(most.spread().p99, Latency::LaterThan(600.0));
+        let d = Percentiles::of(&(1..=100).map(f64::from).collect::<Vec<_>>());
         assert_eq!((d.p50, d.p99, d.max), (50.0, 99.0, 100.0));
     }
 }
