@@ -19,6 +19,8 @@ use serde_json::{Value, json};
 use crate::baseline::BaselineAdmin;
 use crate::sim::{Faults, SimAdmin};
 use crate::stats::{Percentiles, nearest_rank, unix_ms};
+use catalogsync::api::KYMA_NAME_LABEL;
+use catalogsync::catalog::CatalogKind;
 use testenv::process::free_port;
 use testenv::{
     self, CATALOGSYNC_GROUPS, CATALOGSYNC_USER, Catalogsync, ControlPlane, Etcd, ManagedProcess, apply_docs,
@@ -33,8 +35,6 @@ pub const LEASE_NS: &str = "catalogsync-system";
 pub const SYNC_NS: &str = testenv::fixtures::fleet::SYNC_NAMESPACE;
 /// Field manager of the harness's own KCP writes.
 pub const AUTHOR: &str = "fleet-bench";
-/// The label selecting a Kyma's access Secret.
-const KYMA_NAME_LABEL: &str = "operator.kyma-project.io/kyma-name";
 /// Kymas and Secrets created at once.
 const CREATE_CONCURRENCY: usize = 32;
 
@@ -94,15 +94,9 @@ pub struct Sim {
     pub ca_pem: String,
     /// Its admin API.
     pub admin: SimAdmin,
-    admin_addr: std::net::SocketAddr,
 }
 
 impl Sim {
-    /// Another client of its admin API.
-    pub fn admin(&self) -> SimAdmin {
-        SimAdmin::new(self.admin_addr)
-    }
-
     /// The PID.
     pub fn pid(&self) -> u32 {
         self.process.pid()
@@ -140,7 +134,8 @@ impl Baseline {
 pub struct Bench {
     /// Everything is written under here.
     pub dir: PathBuf,
-    _etcd: Etcd,
+    /// The etcd of the KCP and of any real SKR apiserver.
+    etcd: Etcd,
     /// The KCP apiserver.
     pub kcp: ControlPlane,
     /// An admin client of the KCP.
@@ -183,7 +178,7 @@ impl Bench {
             testenv::write_kubeconfig(dir, "baseline", &kcp.kubeconfig_yaml("admin", &["system:masters"]));
         Ok(Self {
             dir: dir.to_path_buf(),
-            _etcd: etcd,
+            etcd,
             kcp,
             client,
             sim: None,
@@ -196,11 +191,12 @@ impl Bench {
     }
 
     fn catalog_api(&self, plural: &str) -> Api<DynamicObject> {
-        let ar = if plural == support_plural_mt() {
-            catalogsync::catalog::CatalogKind::ModuleTemplate.api_resource()
+        let kind = if plural == CatalogKind::ModuleTemplate.plural() {
+            CatalogKind::ModuleTemplate
         } else {
-            catalogsync::catalog::CatalogKind::ModuleReleaseMeta.api_resource()
+            CatalogKind::ModuleReleaseMeta
         };
+        let ar = kind.api_resource();
         Api::namespaced_with(self.client.clone(), KCP_NS, &ar)
     }
 
@@ -284,13 +280,7 @@ impl Bench {
         let listen = line["listen"].as_str().context("no listen address")?.to_owned();
         let admin: std::net::SocketAddr = line["admin"].as_str().context("no admin address")?.parse()?;
         let ca_pem = std::fs::read_to_string(pki_dir.join("ca.pem")).context("the simulator's CA")?;
-        self.sim = Some(Sim {
-            process,
-            url: format!("https://{listen}"),
-            ca_pem,
-            admin: SimAdmin::new(admin),
-            admin_addr: admin,
-        });
+        self.sim = Some(Sim { process, url: format!("https://{listen}"), ca_pem, admin: SimAdmin::new(admin) });
         Ok(())
     }
 
@@ -309,21 +299,14 @@ impl Bench {
         Ok(Value::Array(seed))
     }
 
-    /// Starts a real SKR apiserver on the bench's etcd and writes the seed every simulated SKR
-    /// starts with (the catalog CRDs, the sync namespace) into it.
+    /// Starts real SKR apiserver `skr-<i>` on the bench's etcd and writes the seed every
+    /// simulated SKR starts with (the catalog CRDs, the sync namespace) into it.
     ///
     /// # Errors
     /// Fails when it does not start or refuses the seed.
-    pub async fn start_real_skr_named(&self, i: usize) -> Result<ControlPlane> {
-        self.start_real_skr(&format!("skr-{i}")).await
-    }
-
-    /// [`Bench::start_real_skr_named`] with a given name.
-    ///
-    /// # Errors
-    /// Fails when it does not start or refuses the seed.
-    pub async fn start_real_skr(&self, name: &str) -> Result<ControlPlane> {
-        let skr = ControlPlane::start_in(name, &self._etcd, Some(&self.dir)).await?;
+    pub async fn start_real_skr(&self, i: usize) -> Result<ControlPlane> {
+        let name = &format!("skr-{i}");
+        let skr = ControlPlane::start_in(name, &self.etcd, Some(&self.dir)).await?;
         let seed = self.skr_seed().await?;
         let docs: Vec<Value> = seed.as_array().into_iter().flatten().map(|e| e["object"].clone()).collect();
         apply_docs(&skr.admin_client(), docs).await.with_context(|| format!("failed to seed {name}"))?;
@@ -338,8 +321,11 @@ impl Bench {
         self.sim.as_ref().context("the simulator is not running")
     }
 
-    /// The kubeconfig of an SKR of the simulator (token = Kyma name).
-    fn sim_kubeconfig(&self, kyma: &str) -> Result<String> {
+    /// The kubeconfig of simulated SKR `token` (a Kyma's SKR has the Kyma's name).
+    ///
+    /// # Errors
+    /// Fails when the simulator is not running.
+    pub fn sim_kubeconfig(&self, token: &str) -> Result<String> {
         let sim = self.sim()?;
         let q = |s: &str| Value::from(s).to_string();
         Ok(format!(
@@ -363,16 +349,8 @@ current-context: skr
 ",
             url = q(&sim.url),
             ca = testenv::pki::base64(sim.ca_pem.as_bytes()),
-            token = q(kyma),
+            token = q(token),
         ))
-    }
-
-    /// The kubeconfig of simulated SKR `token`, for probes.
-    ///
-    /// # Errors
-    /// Fails when the simulator is not running.
-    pub fn sim_kubeconfig_for(&self, token: &str) -> Result<String> {
-        self.sim_kubeconfig(token)
     }
 
     /// Creates `count` more Kymas (continuing the numbering), each with an access Secret for
@@ -593,11 +571,6 @@ current-context: skr
         }
         (leases, other)
     }
-}
-
-/// The plural of ModuleTemplates.
-fn support_plural_mt() -> &'static str {
-    "moduletemplates"
 }
 
 /// The sum of metric `name` whose labels contain every fragment, from `127.0.0.1:<port>/metrics`;

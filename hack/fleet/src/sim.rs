@@ -55,7 +55,6 @@ use tokio::net::{TcpListener, TcpSocket};
 
 use crate::stats::Percentiles;
 
-#[allow(unused_imports)] // For the harness driver.
 pub use admin::SimAdmin;
 pub use check::{CheckArgs, check};
 

@@ -30,7 +30,7 @@ pub(super) async fn calibrate(args: &RunArgs, dir: &Path, report: &mut Report) -
     eprintln!("starting {k} SKR apiservers");
     let mut skrs = Vec::new();
     for chunk in (0..k).collect::<Vec<_>>().chunks(4) {
-        let started = futures::future::try_join_all(chunk.iter().map(|i| bench.start_real_skr_named(*i))).await?;
+        let started = futures::future::try_join_all(chunk.iter().map(|i| bench.start_real_skr(*i))).await?;
         skrs.extend(started);
     }
     let mut planned = Vec::new();
@@ -40,13 +40,13 @@ pub(super) async fn calibrate(args: &RunArgs, dir: &Path, report: &mut Report) -
     }
     for i in 0..k {
         let name = format!("sim-{}", kyma_name(i));
-        let kc = bench.sim_kubeconfig_for(&name)?;
+        let kc = bench.sim_kubeconfig(&name)?;
         planned.push((i, name, kc));
     }
     bench.create_kymas(planned).await?;
     let resync = 20;
     let extra = vec!["--resync-period".to_owned(), format!("{resync}s"), "--resync-jitter".to_owned(), "0".to_owned()];
-    let sim = bench.sim()?.admin();
+    let sim = bench.sim()?.admin;
     let audit_paths: Vec<PathBuf> = skrs.iter().map(|s| s.audit_log_path()).collect();
     let mut phases: Vec<(String, Counts, Counts)> = Vec::new();
 
@@ -111,7 +111,7 @@ pub(super) async fn calibrate(args: &RunArgs, dir: &Path, report: &mut Report) -
     let real_client =
         testenv::client_from_kubeconfig_yaml(&first_skr.try_kubeconfig_yaml("probe", &["system:masters"])?).await?;
     let sim_client =
-        testenv::client_from_kubeconfig_yaml(&bench.sim_kubeconfig_for(&format!("sim-{}", kyma_name(0)))?).await?;
+        testenv::client_from_kubeconfig_yaml(&bench.sim_kubeconfig(&format!("sim-{}", kyma_name(0)))?).await?;
     let probes = [
         ("list-meta moduletemplates", Probe::ListMeta),
         ("list moduletemplates (full)", Probe::ListFull),

@@ -93,7 +93,7 @@ pub(super) async fn props(bench: &Bench, args: &RunArgs, replicas: usize, tag: &
     objs.push(("modulereleasemetas", rel_mrm));
     let rel = propagate(bench, &objs, &format!("{tag}-release"), PROPAGATION_TIMEOUT).await?;
     // The same update with slow SKRs, where the SKR side and not the CPU is the bottleneck.
-    let sim = bench.sim()?.admin();
+    let sim = bench.sim()?.admin;
     sim.set_faults(&Faults { latency_ms: args.slow_latency_ms, ..Faults::default() }).await?;
     let slow = propagate(bench, &[("moduletemplates", probe_mt())], &format!("{tag}-slow"), PROPAGATION_TIMEOUT).await;
     sim.set_faults(&Faults { latency_ms: args.latency_ms, ..Faults::default() }).await?;
@@ -163,7 +163,7 @@ pub(super) async fn fault_run(bench: &Bench, latency_ms: f64) -> Result<FaultRow
     eprintln!("faults");
     let n = bench.kymas.len();
     let down: Vec<String> = bench.kymas.iter().step_by(100).cloned().collect();
-    let sim = bench.sim()?.admin();
+    let sim = bench.sim()?.admin;
     sim.set_faults(&Faults { latency_ms, error_rate: 0.02, down: down.clone(), ..Faults::default() }).await?;
     sim.reset().await?;
     let mt = probe_mt();

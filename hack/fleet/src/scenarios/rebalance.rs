@@ -16,7 +16,7 @@ const SHARDS: usize = 64;
 pub(super) async fn rebalance(bench: &mut Bench) -> Result<Vec<RebalanceRow>> {
     eprintln!("rebalance 3 -> 4 -> 3");
     let mut rows = Vec::new();
-    let sim = bench.sim()?.admin();
+    let sim = bench.sim()?.admin;
     // 3 -> 4
     sim.reset().await?;
     let before = handover_totals(bench).await;

@@ -25,7 +25,7 @@ pub(super) async fn steady(args: &RunArgs, bench: &mut Bench) -> Result<SteadyRo
     // Every SKR has had its cold sync; one more period lets the first warm resyncs pass, so
     // the window holds warm resyncs only.
     tokio::time::sleep(period).await;
-    let sim = bench.sim()?.admin();
+    let sim = bench.sim()?.admin;
     sim.reset().await?;
     let sim_pid = bench.sim()?.pid();
     let sim0 = proc_sample(sim_pid)?;

@@ -106,7 +106,6 @@ impl Sim {
     /// A uniform number in `[0, 1)`, deterministic in the sequence of calls for a given seed.
     pub fn random(&self) -> f64 {
         let n = self.rng_counter.fetch_add(1, Ordering::Relaxed);
-        #[allow(clippy::cast_precision_loss)]
         let x = (splitmix64(self.rng_seed ^ splitmix64(n)) >> 11) as f64;
         x / (1u64 << 53) as f64
     }
