@@ -31,7 +31,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run a scenario and print its tables (also written to `<dir>/report.md`).
+    /// Run a scenario and print its tables (also written to `<dir>/report.md`, and as typed
+    /// rows to `<dir>/report.json`).
     Run(scenarios::RunArgs),
     /// Serve the SKR simulator (started by `run`; useful alone for debugging).
     Sim(sim::SimArgs),

@@ -15,7 +15,13 @@ pub trait Row: Serialize {
     fn cells(&self) -> Vec<String>;
 }
 
-/// One section of `report.json`.
+/// `report.json`.
+#[derive(Serialize)]
+struct Document<'a> {
+    sections: &'a [Section],
+}
+
+/// One section of `report.json` (a row's fields come in alphabetical order).
 #[derive(Serialize)]
 struct Section {
     title: String,
@@ -68,7 +74,7 @@ impl Report {
         self.markdown.push_str(&block);
         self.sections.push(Section { title: title.to_owned(), header, data });
         let _ = std::fs::write(&self.markdown_path, &self.markdown);
-        if let Ok(json) = serde_json::to_vec_pretty(&serde_json::json!({ "sections": &self.sections })) {
+        if let Ok(json) = serde_json::to_vec_pretty(&Document { sections: &self.sections }) {
             let _ = std::fs::write(&self.json_path, json);
         }
     }
