@@ -5,8 +5,8 @@
 //!   over 3 resync periods, and the lifecycle-manager baseline side by side;
 //! - `propagation`: only the propagation runs (each replica count from a cold start), for
 //!   iterating on sync speed without the whole pipeline;
-//! - `calibrate`: the same requests against real SKR apiservers and against the simulator;
 //! - `baseline`: the lifecycle-manager baseline alone;
+//! - `calibrate`: the same requests against real SKR apiservers and against the simulator;
 //! - `smoke`: a small, fast run of the whole path (CI runs it so the harness does not rot).
 //!
 //! The scenarios are defined in [`fleet`], [`calibrate`] and [`smoke`]; the measurements they

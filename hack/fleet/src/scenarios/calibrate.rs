@@ -163,7 +163,7 @@ pub(super) async fn calibrate(args: &RunArgs, dir: &Path, report: &mut Report) -
     Ok(())
 }
 
-/// Requests by "<verb> <resource>".
+/// Requests by `"<verb> <resource>"`.
 type Counts = BTreeMap<String, u64>;
 
 /// A request kind the latency probe times.
@@ -215,7 +215,7 @@ async fn response_bytes(client: &kube::Client, meta_only: bool) -> Result<usize>
     Ok(client.request_text(req).await?.len())
 }
 
-/// Requests per "<audit verb> <resource>" in the audit logs between two instants, by
+/// Requests per `"<audit verb> <resource>"` in the audit logs between two instants, by
 /// catalogsync (its User-Agent).
 fn audit_counts(paths: &[PathBuf], from_ms: u64, to_ms: u64) -> Counts {
     let mut out = BTreeMap::new();
