@@ -88,7 +88,8 @@ async fn kcp_addresses(url: &::http::Uri) -> Vec<SocketAddr> {
     }
 }
 
-async fn signal_handler(token: CancellationToken) {
+/// Cancels `token` on SIGTERM or Ctrl-C (SIGINT), logging which.
+pub async fn signal_handler(token: CancellationToken) {
     #[cfg(unix)]
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

@@ -6,17 +6,21 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use futures::TryStreamExt as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::baseline::BaselineAdmin;
 use crate::sim::{Faults, SimAdmin};
+use crate::stats::{Percentiles, nearest_rank, unix_ms};
+use catalogsync::api::KYMA_NAME_LABEL;
+use catalogsync::catalog::CatalogKind;
 use testenv::process::free_port;
 use testenv::{
     self, CATALOGSYNC_GROUPS, CATALOGSYNC_USER, Catalogsync, ControlPlane, Etcd, ManagedProcess, apply_docs,
@@ -31,15 +35,8 @@ pub const LEASE_NS: &str = "catalogsync-system";
 pub const SYNC_NS: &str = testenv::fixtures::fleet::SYNC_NAMESPACE;
 /// Field manager of the harness's own KCP writes.
 pub const AUTHOR: &str = "fleet-bench";
-/// The label selecting a Kyma's access Secret.
-const KYMA_NAME_LABEL: &str = "operator.kyma-project.io/kyma-name";
 /// Kymas and Secrets created at once.
 const CREATE_CONCURRENCY: usize = 32;
-
-/// Seconds since the epoch, as milliseconds.
-pub fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default()
-}
 
 /// CPU time and memory of one process, from `/proc`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -97,15 +94,9 @@ pub struct Sim {
     pub ca_pem: String,
     /// Its admin API.
     pub admin: SimAdmin,
-    admin_addr: std::net::SocketAddr,
 }
 
 impl Sim {
-    /// Another client of its admin API.
-    pub fn admin(&self) -> SimAdmin {
-        SimAdmin::new(self.admin_addr)
-    }
-
     /// The PID.
     pub fn pid(&self) -> u32 {
         self.process.pid()
@@ -143,7 +134,8 @@ impl Baseline {
 pub struct Bench {
     /// Everything is written under here.
     pub dir: PathBuf,
-    _etcd: Etcd,
+    /// The etcd of the KCP and of any real SKR apiserver.
+    etcd: Etcd,
     /// The KCP apiserver.
     pub kcp: ControlPlane,
     /// An admin client of the KCP.
@@ -186,7 +178,7 @@ impl Bench {
             testenv::write_kubeconfig(dir, "baseline", &kcp.kubeconfig_yaml("admin", &["system:masters"]));
         Ok(Self {
             dir: dir.to_path_buf(),
-            _etcd: etcd,
+            etcd,
             kcp,
             client,
             sim: None,
@@ -199,11 +191,12 @@ impl Bench {
     }
 
     fn catalog_api(&self, plural: &str) -> Api<DynamicObject> {
-        let ar = if plural == support_plural_mt() {
-            catalogsync::catalog::CatalogKind::ModuleTemplate.api_resource()
+        let kind = if plural == CatalogKind::ModuleTemplate.plural() {
+            CatalogKind::ModuleTemplate
         } else {
-            catalogsync::catalog::CatalogKind::ModuleReleaseMeta.api_resource()
+            CatalogKind::ModuleReleaseMeta
         };
+        let ar = kind.api_resource();
         Api::namespaced_with(self.client.clone(), KCP_NS, &ar)
     }
 
@@ -287,13 +280,7 @@ impl Bench {
         let listen = line["listen"].as_str().context("no listen address")?.to_owned();
         let admin: std::net::SocketAddr = line["admin"].as_str().context("no admin address")?.parse()?;
         let ca_pem = std::fs::read_to_string(pki_dir.join("ca.pem")).context("the simulator's CA")?;
-        self.sim = Some(Sim {
-            process,
-            url: format!("https://{listen}"),
-            ca_pem,
-            admin: SimAdmin::new(admin),
-            admin_addr: admin,
-        });
+        self.sim = Some(Sim { process, url: format!("https://{listen}"), ca_pem, admin: SimAdmin::new(admin) });
         Ok(())
     }
 
@@ -312,21 +299,14 @@ impl Bench {
         Ok(Value::Array(seed))
     }
 
-    /// Starts a real SKR apiserver on the bench's etcd and writes the seed every simulated SKR
-    /// starts with (the catalog CRDs, the sync namespace) into it.
+    /// Starts real SKR apiserver `skr-<i>` on the bench's etcd and writes the seed every
+    /// simulated SKR starts with (the catalog CRDs, the sync namespace) into it.
     ///
     /// # Errors
     /// Fails when it does not start or refuses the seed.
-    pub async fn start_real_skr_named(&self, i: usize) -> Result<ControlPlane> {
-        self.start_real_skr(&format!("skr-{i}")).await
-    }
-
-    /// [`Bench::start_real_skr_named`] with a given name.
-    ///
-    /// # Errors
-    /// Fails when it does not start or refuses the seed.
-    pub async fn start_real_skr(&self, name: &str) -> Result<ControlPlane> {
-        let skr = ControlPlane::start_in(name, &self._etcd, Some(&self.dir)).await?;
+    pub async fn start_real_skr(&self, i: usize) -> Result<ControlPlane> {
+        let name = &format!("skr-{i}");
+        let skr = ControlPlane::start_in(name, &self.etcd, Some(&self.dir)).await?;
         let seed = self.skr_seed().await?;
         let docs: Vec<Value> = seed.as_array().into_iter().flatten().map(|e| e["object"].clone()).collect();
         apply_docs(&skr.admin_client(), docs).await.with_context(|| format!("failed to seed {name}"))?;
@@ -341,8 +321,11 @@ impl Bench {
         self.sim.as_ref().context("the simulator is not running")
     }
 
-    /// The kubeconfig of an SKR of the simulator (token = Kyma name).
-    fn sim_kubeconfig(&self, kyma: &str) -> Result<String> {
+    /// The kubeconfig of simulated SKR `token` (a Kyma's SKR has the Kyma's name).
+    ///
+    /// # Errors
+    /// Fails when the simulator is not running.
+    pub fn sim_kubeconfig(&self, token: &str) -> Result<String> {
         let sim = self.sim()?;
         let q = |s: &str| Value::from(s).to_string();
         Ok(format!(
@@ -366,16 +349,8 @@ current-context: skr
 ",
             url = q(&sim.url),
             ca = testenv::pki::base64(sim.ca_pem.as_bytes()),
-            token = q(kyma),
+            token = q(token),
         ))
-    }
-
-    /// The kubeconfig of simulated SKR `token`, for probes.
-    ///
-    /// # Errors
-    /// Fails when the simulator is not running.
-    pub fn sim_kubeconfig_for(&self, token: &str) -> Result<String> {
-        self.sim_kubeconfig(token)
     }
 
     /// Creates `count` more Kymas (continuing the numbering), each with an access Secret for
@@ -598,11 +573,6 @@ current-context: skr
     }
 }
 
-/// The plural of ModuleTemplates.
-fn support_plural_mt() -> &'static str {
-    "moduletemplates"
-}
-
 /// The sum of metric `name` whose labels contain every fragment, from `127.0.0.1:<port>/metrics`;
 /// 0 when it cannot be read.
 pub async fn metric(port: u16, name: &str, labels: &[&str]) -> f64 {
@@ -623,35 +593,6 @@ async fn first_json_line(log: &Path, timeout: Duration, what: &str) -> Result<Va
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Percentiles of `values` (nearest rank), for tables.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Dist {
-    /// Median.
-    pub p50: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Largest.
-    pub max: f64,
-}
-
-impl Dist {
-    /// Computes the distribution of `values`.
-    pub fn of(values: &[f64]) -> Self {
-        if values.is_empty() {
-            return Self::default();
-        }
-        let mut v = values.to_vec();
-        v.sort_by(f64::total_cmp);
-        let at = |q: f64| v[nearest_rank(v.len(), q)];
-        Self { p50: at(0.5), p99: at(0.99), max: v[v.len() - 1] }
-    }
-}
-
-/// The index of quantile `q` among `n` sorted values (nearest rank; `n` > 0).
-fn nearest_rank(n: usize, q: f64) -> usize {
-    (((n as f64) * q).ceil() as usize).clamp(1, n) - 1
 }
 
 /// Watches every SKR of the simulator until each holds `name` of `resource` with mark
@@ -692,15 +633,51 @@ pub struct Reached {
 
 impl Reached {
     /// p50 / p99 / max over all expected SKRs, those still without it counted as later than
-    /// the window (shown as `> window`).
-    pub fn dist(&self) -> [String; 3] {
+    /// the window.
+    pub fn spread(&self) -> Spread {
         let mut v = self.latencies.clone();
         v.sort_by(f64::total_cmp);
         let n = self.expected.max(v.len()).max(1);
-        let at = |q: f64| {
-            v.get(nearest_rank(n, q)).map_or_else(|| format!("> {:.0}", self.window_secs), |x| format!("{x:.2}"))
-        };
-        [at(0.5), at(0.99), at(1.0)]
+        let at =
+            |q: f64| v.get(nearest_rank(n, q)).map_or(Latency::LaterThan(self.window_secs), |x| Latency::Seconds(*x));
+        Spread { p50: at(0.5), p99: at(0.99), max: at(1.0) }
+    }
+}
+
+/// How long a change took to reach a quantile of the SKRs expected to get it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Latency {
+    /// Reached after this many seconds.
+    Seconds(f64),
+    /// Not reached within the window watched, this many seconds long.
+    LaterThan(f64),
+}
+
+impl std::fmt::Display for Latency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Latency::Seconds(s) => write!(f, "{s:.2}"),
+            Latency::LaterThan(window) => write!(f, "> {window:.0}"),
+        }
+    }
+}
+
+/// The p50, p99 and max latency of a change over the SKRs expected to get it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Spread {
+    /// Median.
+    pub p50: Latency,
+    /// 99th percentile.
+    pub p99: Latency,
+    /// The last SKR.
+    pub max: Latency,
+}
+
+impl From<&Percentiles> for Spread {
+    /// Latencies every expected SKR reached, in seconds.
+    fn from(p: &Percentiles) -> Spread {
+        Spread { p50: Latency::Seconds(p.p50), p99: Latency::Seconds(p.p99), max: Latency::Seconds(p.max) }
     }
 }
 
@@ -767,10 +744,12 @@ mod tests {
     #[test]
     fn skrs_still_without_a_mark_count_as_later_than_the_window() {
         let all = Reached { latencies: (1..=100).map(f64::from).collect(), expected: 100, window_secs: 600.0 };
-        assert_eq!(all.dist(), ["50.00".to_owned(), "99.00".into(), "100.00".into()]);
+        let text = |s: Spread| [s.p50, s.p99, s.max].map(|l| l.to_string());
+        assert_eq!(text(all.spread()), ["50.00".to_owned(), "99.00".into(), "100.00".into()]);
         let most = Reached { latencies: (1..=98).map(f64::from).collect(), expected: 100, window_secs: 600.0 };
-        assert_eq!(most.dist(), ["50.00".to_owned(), "> 600".into(), "> 600".into()]);
-        let d = Dist::of(&(1..=100).map(f64::from).collect::<Vec<_>>());
+        assert_eq!(text(most.spread()), ["50.00".to_owned(), "> 600".into(), "> 600".into()]);
+        assert_eq!(most.spread().p99, Latency::LaterThan(600.0));
+        let d = Percentiles::of(&(1..=100).map(f64::from).collect::<Vec<_>>());
         assert_eq!((d.p50, d.p99, d.max), (50.0, 99.0, 100.0));
     }
 }

@@ -16,6 +16,7 @@ mod baseline;
 mod bench;
 mod scenarios;
 mod sim;
+mod stats;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -30,7 +31,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run a scenario and print its tables (also written to `<dir>/report.md`).
+    /// Run a scenario and print its tables (also written to `<dir>/report.md`, and as typed
+    /// rows to `<dir>/report.json`).
     Run(scenarios::RunArgs),
     /// Serve the SKR simulator (started by `run`; useful alone for debugging).
     Sim(sim::SimArgs),

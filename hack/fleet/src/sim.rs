@@ -53,7 +53,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpSocket};
 
-#[allow(unused_imports)] // For the harness driver.
+use crate::stats::Percentiles;
+
 pub use admin::SimAdmin;
 pub use check::{CheckArgs, check};
 
@@ -74,22 +75,6 @@ pub struct Faults {
     pub error_rate: f64,
     /// Tokens of SKRs that answer every request with 503 ServiceUnavailable.
     pub down: Vec<String>,
-}
-
-/// Service-time percentiles of one request key, in microseconds (log buckets, error < 1%;
-/// `max` is exact).
-#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
-pub struct Percentiles {
-    /// Requests measured.
-    pub count: u64,
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Maximum.
-    pub max: f64,
 }
 
 /// Request counts of one SKR.
@@ -131,7 +116,8 @@ pub struct SimStats {
     pub resumed_handshakes: u64,
     /// Server-side time from request received to response ready, excluding injected latency,
     /// by the same key as `requests` (faulted requests are not measured; for a watch, the time
-    /// to the response head).
+    /// to the response head). Percentiles in microseconds, from log buckets (error below 1%;
+    /// `max` is exact).
     pub service_us: BTreeMap<String, Percentiles>,
     /// Counts per SKR token, when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -241,7 +227,7 @@ fn load_seed(path: Option<&Path>, interner: &store::Interner) -> Result<Vec<stor
     let text = std::fs::read(path).with_context(|| format!("failed to read {}", path.display()))?;
     let entries: Vec<SeedEntry> =
         serde_json::from_slice(&text).with_context(|| format!("failed to parse {}", path.display()))?;
-    let now = state::now_ms();
+    let now = crate::stats::unix_ms();
     let mut seed = entries
         .into_iter()
         .map(|e| {

@@ -243,7 +243,7 @@ async fn install(client: &Client, expected: &mut Expected) -> Result<()> {
 }
 
 async fn run_checks(sim: &Sim, report: &mut Report) {
-    let tag = format!("{}-{}", std::process::id(), super::state::now_ms() % 1_000_000);
+    let tag = format!("{}-{}", std::process::id(), crate::stats::unix_ms() % 1_000_000);
     let token_a = format!("check-{tag}-a");
     let token_b = format!("check-{tag}-b");
     let setup = async {
@@ -532,18 +532,18 @@ async fn stats(sim: &Sim, token_a: &str, e: &Expected) -> Result<()> {
 async fn marks(sim: &Sim, a: &Client, b: &Client, tag: &str) -> Result<()> {
     let name = format!("check-mark-{tag}");
     install(b, &mut Expected::default()).await?;
-    let before = super::state::now_ms();
+    let before = crate::stats::unix_ms();
     for client in [a, b] {
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), CHECK_NS, &mt_resource());
         api.patch(&name, &apply_params(), &Patch::Apply(&mt_payload(&name, CHECK_NS, 2, Some("v1")))).await?;
     }
-    let after = super::state::now_ms();
+    let after = crate::stats::unix_ms();
     let m = sim.admin.marks("moduletemplates", &name, Some("v1")).await?;
     ensure!(m.holding == 2 && m.skrs >= 2, "v1: {m:?}");
     ensure!(m.first_held_unix_ms.iter().all(|t| (before..=after).contains(t)), "v1 times outside the window: {m:?}");
     tokio::time::sleep(Duration::from_millis(20)).await;
     let api: Api<DynamicObject> = Api::namespaced_with(a.clone(), CHECK_NS, &mt_resource());
-    let changed_at = super::state::now_ms();
+    let changed_at = crate::stats::unix_ms();
     api.patch(&name, &apply_params(), &Patch::Apply(&mt_payload(&name, CHECK_NS, 2, Some("v2")))).await?;
     let v2 = sim.admin.marks("moduletemplates", &name, Some("v2")).await?;
     ensure!(v2.holding == 1 && v2.first_held_unix_ms[0] >= changed_at, "v2: {v2:?}");

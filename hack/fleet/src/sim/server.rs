@@ -18,9 +18,10 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::render::{Full as FullObject, List, Object, status, to_json, watch_event};
-use super::state::{SharedSkr, Sim, now_ms};
+use super::state::{SharedSkr, Sim};
 use super::stats::Verb;
 use super::store::{ApiError, Entry, Interner, Res, WriteHead, WriteKind, lock};
+use crate::stats::unix_ms;
 
 /// Response body: a whole JSON document, or a watch stream.
 type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -327,7 +328,7 @@ fn serve_skr(sim: &Sim, r: SkrRequest<'_>) -> Result<Response<Body>, ApiError> {
             };
             let result = match (target.name, key.and_then(|k| sim.interner.applied(k))) {
                 (Some(name), Some(content)) => {
-                    let head = WriteHead { kind, res, namespace, name, manager, now_ms: now_ms() };
+                    let head = WriteHead { kind, res, namespace, name, manager, now_ms: unix_ms() };
                     skr.apply_shared(&head, content, &sim.interner)
                 }
                 _ => {
@@ -342,7 +343,7 @@ fn serve_skr(sim: &Sim, r: SkrRequest<'_>) -> Result<Response<Body>, ApiError> {
                         )
                     })?;
                     let unconditional = body.pointer("/metadata/resourceVersion").is_none();
-                    let head = WriteHead { kind, res, namespace, name: &name, manager, now_ms: now_ms() };
+                    let head = WriteHead { kind, res, namespace, name: &name, manager, now_ms: unix_ms() };
                     let result = skr.write(&head, body, &sim.interner);
                     if let (Some(key), Ok(outcome), true) = (key, &result, unconditional) {
                         sim.interner.remember_applied(key, &outcome.entry.content);

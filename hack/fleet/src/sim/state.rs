@@ -5,11 +5,12 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use super::stats::Stats;
 use super::store::{Interner, Res, SeedObject, Skr, lock};
 use super::{Faults, MARK_ANNOTATION, Marks, SimStats, SkrCounts};
+use crate::stats::unix_ms;
 
 /// Faults in effect, in the form the request path needs.
 #[derive(Debug, Default)]
@@ -48,11 +49,6 @@ pub(super) struct Sim {
     rng_counter: AtomicU64,
 }
 
-/// Milliseconds since the Unix epoch.
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
-}
-
 /// splitmix64: a fast, well-mixed hash of a counter, for deterministic fault rolls.
 fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -80,7 +76,7 @@ impl Sim {
         if let Some(skr) = skrs.get(token) {
             return skr.clone();
         }
-        let now = now_ms();
+        let now = unix_ms();
         let mut skr = Skr::default();
         for object in &self.seed {
             skr.seed(object, now, &self.interner);
@@ -110,7 +106,6 @@ impl Sim {
     /// A uniform number in `[0, 1)`, deterministic in the sequence of calls for a given seed.
     pub fn random(&self) -> f64 {
         let n = self.rng_counter.fetch_add(1, Ordering::Relaxed);
-        #[allow(clippy::cast_precision_loss)]
         let x = (splitmix64(self.rng_seed ^ splitmix64(n)) >> 11) as f64;
         x / (1u64 << 53) as f64
     }

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::Percentiles;
 use super::store::Res;
+use crate::stats::Percentiles;
 
 /// Request verbs, as in the stats keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +80,6 @@ impl Histogram {
 
     fn record(&self, ns: u64) {
         let ns = ns.max(1);
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
         let i = ((ns as f64).ln() / RATIO.ln()) as usize;
         if let Some(b) = self.buckets.get(i.min(BUCKETS - 1)) {
             b.fetch_add(1, Ordering::Relaxed);
@@ -98,7 +97,6 @@ impl Histogram {
     }
 
     /// Percentiles in microseconds.
-    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     fn percentiles(&self) -> Percentiles {
         let counts: Vec<u64> = self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
         let count: u64 = counts.iter().sum();

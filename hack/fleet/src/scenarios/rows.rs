@@ -1,0 +1,660 @@
+//! The typed rows of the report's tables: what the scenarios measure and assert on, numbers
+//! as numbers, and how each row becomes the cells of its Markdown table (the one place that
+//! formats them).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::report::{Row, f1, f2};
+use crate::bench::{ProcSample, Spread};
+use crate::sim::SimStats;
+use crate::stats::Percentiles;
+
+/// The simulator's traffic over a measurement window.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Traffic {
+    /// SKRs the window's traffic is spread over (the bench's Kymas).
+    pub skrs: usize,
+    /// SKR requests.
+    pub requests: u64,
+    /// SKR writes that reached the simulator's store.
+    pub writes: u64,
+    /// Requests by verb (`get`, `list-meta`, `apply`, ...).
+    pub by_verb: BTreeMap<String, u64>,
+    /// TLS handshakes.
+    pub handshakes: u64,
+    /// Of them, resumed sessions.
+    pub resumed_handshakes: u64,
+}
+
+impl Traffic {
+    /// The traffic in the simulator's `stats`, spread over `skrs` SKRs.
+    pub fn new(stats: &SimStats, skrs: usize) -> Traffic {
+        let mut by_verb: BTreeMap<String, u64> = BTreeMap::new();
+        for (key, v) in &stats.requests {
+            *by_verb.entry(key.split(' ').next().unwrap_or(key).to_owned()).or_default() += v;
+        }
+        Traffic {
+            skrs,
+            requests: stats.total_requests,
+            writes: stats.writes,
+            by_verb,
+            handshakes: stats.handshakes,
+            resumed_handshakes: stats.resumed_handshakes,
+        }
+    }
+
+    /// `v` per SKR.
+    pub fn per_skr(&self, v: u64) -> f64 {
+        v as f64 / self.skrs.max(1) as f64
+    }
+
+    /// The "by verb" cell.
+    fn verbs(&self) -> String {
+        let mut verbs: Vec<String> = self.by_verb.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        verbs.push(format!("TLS handshakes {} ({} resumed)", self.handshakes, self.resumed_handshakes));
+        verbs.join(", ")
+    }
+}
+
+/// `values` with `format`, joined by ` / `.
+fn joined(values: &[f64], format: fn(f64) -> String) -> String {
+    values.iter().map(|v| format(*v)).collect::<Vec<_>>().join(" / ")
+}
+
+/// A value or `-`.
+fn or_dash(value: Option<f64>, format: fn(f64) -> String) -> String {
+    value.map_or_else(|| "-".to_owned(), format)
+}
+
+/// Until every SKR synced after a start or after Kymas were added.
+#[derive(Debug, Clone, Serialize)]
+pub struct RolloutRow {
+    /// Kymas (those added, when `added`).
+    pub kymas: usize,
+    /// Whether `kymas` were added while the replicas ran.
+    pub added: bool,
+    /// Replicas.
+    pub replicas: usize,
+    /// Seconds until every SKR synced.
+    pub seconds: f64,
+    /// What was started.
+    pub what: String,
+}
+
+impl RolloutRow {
+    /// The table's header.
+    pub const HEADER: [&str; 4] = ["Kymas", "replicas", "seconds until every SKR synced", "what"];
+}
+
+impl Row for RolloutRow {
+    fn cells(&self) -> Vec<String> {
+        let kymas = if self.added { format!("+{}", self.kymas) } else { self.kymas.to_string() };
+        vec![kymas, self.replicas.to_string(), f1(self.seconds), self.what.clone()]
+    }
+}
+
+/// One propagation: a change made in the KCP until every SKR holds it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PropagationRow {
+    /// Who propagated what.
+    pub run: String,
+    /// Over every SKR.
+    pub latency: Spread,
+    /// The simulator's traffic meanwhile.
+    pub traffic: Traffic,
+    /// Objects changed (catalogsync's runs; the baseline's window mixes changes).
+    pub objects: Option<usize>,
+    /// CPU seconds of all replicas (catalogsync's runs).
+    pub replica_cpu_seconds: Option<f64>,
+    /// CPU seconds of the simulator (catalogsync's runs).
+    pub sim_cpu_seconds: Option<f64>,
+}
+
+impl PropagationRow {
+    /// The table's header.
+    pub const HEADER: [&str; 12] = [
+        "run",
+        "p50 s",
+        "p99 s",
+        "max s",
+        "SKR requests",
+        "requests / SKR",
+        "SKR writes",
+        "writes / SKR / object",
+        "replica CPU s (all)",
+        "replica CPU ms / SKR",
+        "simulator CPU s",
+        "by verb",
+    ];
+}
+
+impl Row for PropagationRow {
+    fn cells(&self) -> Vec<String> {
+        let t = &self.traffic;
+        vec![
+            self.run.clone(),
+            self.latency.p50.to_string(),
+            self.latency.p99.to_string(),
+            self.latency.max.to_string(),
+            t.requests.to_string(),
+            f2(t.per_skr(t.requests)),
+            t.writes.to_string(),
+            or_dash(self.objects.map(|o| t.per_skr(t.writes) / o as f64), f2),
+            or_dash(self.replica_cpu_seconds, f1),
+            or_dash(self.replica_cpu_seconds.map(|cpu| 1000.0 * cpu / t.skrs.max(1) as f64), f2),
+            or_dash(self.sim_cpu_seconds, f1),
+            t.verbs(),
+        ]
+    }
+}
+
+/// How the single update's p99 scales with replicas, at two SKR latencies.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalingRow {
+    /// Replicas.
+    pub replicas: usize,
+    /// p99 seconds at the normal SKR latency.
+    pub p99_seconds: f64,
+    /// Speed-up over 1 replica, when measured.
+    pub speedup_vs_1: Option<f64>,
+    /// Speed-up over 3 replicas, when measured.
+    pub speedup_vs_3: Option<f64>,
+    /// p99 seconds at the slow SKR latency.
+    pub slow_p99_seconds: f64,
+    /// Speed-up over 1 replica at the slow SKR latency, when measured.
+    pub slow_speedup_vs_1: Option<f64>,
+    /// Speed-up over 3 replicas at the slow SKR latency, when measured.
+    pub slow_speedup_vs_3: Option<f64>,
+}
+
+impl ScalingRow {
+    /// The rows from the p99s (normal, slow SKR latency) by replica count.
+    pub fn all(p99s: &BTreeMap<usize, (f64, f64)>) -> Vec<ScalingRow> {
+        let ratio = |base: usize, pick: fn(&(f64, f64)) -> f64, mine: f64| p99s.get(&base).map(|b| pick(b) / mine);
+        p99s.iter()
+            .map(|(&replicas, &(p99, slow))| ScalingRow {
+                replicas,
+                p99_seconds: p99,
+                speedup_vs_1: ratio(1, |b| b.0, p99),
+                speedup_vs_3: ratio(3, |b| b.0, p99),
+                slow_p99_seconds: slow,
+                slow_speedup_vs_1: ratio(1, |b| b.1, slow),
+                slow_speedup_vs_3: ratio(3, |b| b.1, slow),
+            })
+            .collect()
+    }
+
+    /// The table's header, naming both SKR latencies.
+    pub fn header(latency_ms: f64, slow_latency_ms: f64) -> Vec<String> {
+        vec![
+            "replicas".to_owned(),
+            format!("p99 s, {latency_ms} ms SKR latency"),
+            "speed-up vs 1".to_owned(),
+            "speed-up vs 3".to_owned(),
+            format!("p99 s, {slow_latency_ms} ms SKR latency"),
+            "speed-up vs 1".to_owned(),
+            "speed-up vs 3".to_owned(),
+        ]
+    }
+}
+
+impl Row for ScalingRow {
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.replicas.to_string(),
+            f2(self.p99_seconds),
+            or_dash(self.speedup_vs_1, f2),
+            or_dash(self.speedup_vs_3, f2),
+            f2(self.slow_p99_seconds),
+            or_dash(self.slow_speedup_vs_1, f2),
+            or_dash(self.slow_speedup_vs_3, f2),
+        ]
+    }
+}
+
+/// A new module (MRM + MT created) until every SKR holds it.
+#[derive(Debug, Clone, Serialize)]
+pub struct NewModuleRow {
+    /// Who propagated it.
+    pub run: String,
+    /// Over every SKR.
+    pub latency: Spread,
+}
+
+impl NewModuleRow {
+    /// The table's header.
+    pub const HEADER: [&str; 4] = ["run", "p50 s", "p99 s", "max s"];
+}
+
+impl Row for NewModuleRow {
+    fn cells(&self) -> Vec<String> {
+        vec![self.run.clone(), self.latency.p50.to_string(), self.latency.p99.to_string(), self.latency.max.to_string()]
+    }
+}
+
+/// One MT update while SKR requests fail and some SKRs are down.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRow {
+    /// SKRs.
+    pub skrs: usize,
+    /// SKRs down (503) during the update.
+    pub down: usize,
+    /// Seconds until the healthy SKRs held the update.
+    pub healthy: Percentiles,
+    /// Requests answered with an injected error.
+    pub injected_errors: u64,
+    /// Seconds from the down SKRs' return until all of them held it.
+    pub recovered_seconds: f64,
+}
+
+impl FaultRow {
+    /// The table's header.
+    pub const HEADER: [&str; 5] = [
+        "SKRs",
+        "down",
+        "healthy SKRs: p50 / p99 / max s",
+        "injected errors",
+        "down SKRs hold it after they are back: s",
+    ];
+}
+
+impl Row for FaultRow {
+    fn cells(&self) -> Vec<String> {
+        let h = &self.healthy;
+        vec![
+            self.skrs.to_string(),
+            self.down.to_string(),
+            format!("{} / {} / {}", f2(h.p50), f2(h.p99), f2(h.max)),
+            self.injected_errors.to_string(),
+            f1(self.recovered_seconds),
+        ]
+    }
+}
+
+/// Shards moving between replicas.
+#[derive(Debug, Clone, Serialize)]
+pub struct RebalanceRow {
+    /// The move.
+    pub change: String,
+    /// Shards moved.
+    pub shards_moved: u64,
+    /// SKRs moved.
+    pub skrs_moved: u64,
+    /// Seconds until the shards settled.
+    pub settle_seconds: f64,
+    /// Handovers completed.
+    pub handovers: u64,
+    /// Their mean claim duration, seconds.
+    pub handover_mean_seconds: f64,
+    /// Most SKRs unowned at once.
+    pub max_unowned: u64,
+    /// Seconds with any SKR unowned.
+    pub unowned_seconds: f64,
+    /// The simulator's traffic meanwhile.
+    pub traffic: Traffic,
+}
+
+impl RebalanceRow {
+    /// The table's header.
+    pub const HEADER: [&str; 9] = [
+        "move",
+        "shards moved",
+        "SKRs moved",
+        "seconds until settled",
+        "handovers (claim duration mean s)",
+        "unowned SKRs: max, seconds",
+        "SKR requests",
+        "SKR writes",
+        "by verb",
+    ];
+}
+
+impl Row for RebalanceRow {
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.change.clone(),
+            self.shards_moved.to_string(),
+            self.skrs_moved.to_string(),
+            f1(self.settle_seconds),
+            format!("{} ({})", self.handovers, f2(self.handover_mean_seconds)),
+            format!("{}, {}", self.max_unowned, f1(self.unowned_seconds)),
+            self.traffic.requests.to_string(),
+            self.traffic.writes.to_string(),
+            self.traffic.verbs(),
+        ]
+    }
+}
+
+/// Resyncs with nothing changed, over a few periods.
+#[derive(Debug, Clone, Serialize)]
+pub struct SteadyRow {
+    /// Who resynced, how.
+    pub run: String,
+    /// Periods the window covers: the configured count for catalogsync, passes / Kymas for
+    /// the baseline.
+    pub periods: f64,
+    /// The simulator's traffic over the window.
+    pub traffic: Traffic,
+    /// KCP writes other than Leases.
+    pub kcp_writes: u64,
+    /// What `kcp_writes` counts, when not the run's own writes.
+    pub kcp_writes_note: Option<&'static str>,
+    /// KCP Lease writes.
+    pub kcp_lease_writes: u64,
+    /// CPU seconds per period, per process.
+    pub cpu_seconds_per_period: Vec<f64>,
+    /// Peak RSS, MiB, per process.
+    pub peak_rss_mib: Vec<f64>,
+    /// The simulator's CPU seconds per period.
+    pub sim_cpu_seconds_per_period: f64,
+}
+
+impl SteadyRow {
+    /// The table's header.
+    pub const HEADER: [&str; 10] = [
+        "run",
+        "periods",
+        "SKR requests / SKR / period",
+        "SKR writes",
+        "KCP writes (non-Lease)",
+        "KCP Lease writes",
+        "CPU s / period, per replica",
+        "peak RSS MiB, per replica",
+        "simulator CPU s / period",
+        "by verb",
+    ];
+}
+
+impl Row for SteadyRow {
+    fn cells(&self) -> Vec<String> {
+        let t = &self.traffic;
+        let periods = if self.periods.fract() == 0.0 { format!("{:.0}", self.periods) } else { f2(self.periods) };
+        let kcp_writes = match self.kcp_writes_note {
+            Some(note) => format!("{} ({note})", self.kcp_writes),
+            None => self.kcp_writes.to_string(),
+        };
+        vec![
+            self.run.clone(),
+            periods,
+            f2(t.per_skr(t.requests) / self.periods),
+            t.writes.to_string(),
+            kcp_writes,
+            self.kcp_lease_writes.to_string(),
+            joined(&self.cpu_seconds_per_period, f2),
+            joined(&self.peak_rss_mib, f1),
+            f2(self.sim_cpu_seconds_per_period),
+            t.verbs(),
+        ]
+    }
+}
+
+/// Replica memory at a fleet size.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryRow {
+    /// Kymas.
+    pub kymas: usize,
+    /// Replicas.
+    pub replicas: usize,
+    /// Peak RSS, MiB, per replica.
+    pub peak_rss_mib: Vec<f64>,
+    /// The largest of them.
+    pub max_peak_rss_mib: f64,
+    /// RSS now, MiB, per replica.
+    pub rss_mib: Vec<f64>,
+}
+
+impl MemoryRow {
+    /// The table's header.
+    pub const HEADER: [&str; 5] = ["Kymas", "replicas", "peak RSS MiB per replica", "max", "RSS now MiB"];
+
+    /// The row of `samples` (one per replica).
+    pub fn new(kymas: usize, replicas: usize, samples: &BTreeMap<String, ProcSample>) -> MemoryRow {
+        let peak_rss_mib: Vec<f64> = samples.values().map(|s| s.peak_rss_mib).collect();
+        let max_peak_rss_mib = peak_rss_mib.iter().copied().fold(0.0, f64::max);
+        let rss_mib = samples.values().map(|s| s.rss_mib).collect();
+        MemoryRow { kymas, replicas, peak_rss_mib, max_peak_rss_mib, rss_mib }
+    }
+}
+
+impl Row for MemoryRow {
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.kymas.to_string(),
+            self.replicas.to_string(),
+            joined(&self.peak_rss_mib, f1),
+            f1(self.max_peak_rss_mib),
+            joined(&self.rss_mib, f1),
+        ]
+    }
+}
+
+/// Requests of one kind in one calibration phase, real SKR apiservers vs the simulator.
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestCountRow {
+    /// The phase.
+    pub phase: String,
+    /// `"<audit verb> <resource>"`.
+    pub request: String,
+    /// Counted in the real SKRs' audit logs.
+    pub real: u64,
+    /// Counted by the simulator.
+    pub simulated: u64,
+}
+
+impl RequestCountRow {
+    /// The table's header.
+    pub const HEADER: [&str; 5] = ["phase", "request", "real apiservers (audit log)", "simulator", ""];
+
+    /// Whether both sides saw as many.
+    pub fn is_identical(&self) -> bool {
+        self.real == self.simulated
+    }
+}
+
+impl Row for RequestCountRow {
+    fn cells(&self) -> Vec<String> {
+        let same = if self.is_identical() { "=" } else { "differs" };
+        vec![self.phase.clone(), self.request.clone(), self.real.to_string(), self.simulated.to_string(), same.into()]
+    }
+}
+
+/// The size of one list response, real SKR apiserver vs the simulator.
+#[derive(Debug, Clone, Serialize)]
+pub struct ResponseSizeRow {
+    /// The request.
+    pub request: String,
+    /// Bytes of JSON from a real SKR apiserver.
+    pub real_bytes: usize,
+    /// Bytes of JSON from the simulator.
+    pub simulated_bytes: usize,
+}
+
+impl ResponseSizeRow {
+    /// The table's header.
+    pub const HEADER: [&str; 4] = ["request", "real SKR apiserver", "simulator", "simulator / real"];
+}
+
+impl Row for ResponseSizeRow {
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.request.clone(),
+            self.real_bytes.to_string(),
+            self.simulated_bytes.to_string(),
+            f2(self.simulated_bytes as f64 / self.real_bytes.max(1) as f64),
+        ]
+    }
+}
+
+/// Per-request latency of one request kind, in seconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeLatencyRow {
+    /// The request.
+    pub request: String,
+    /// Against a real SKR apiserver.
+    pub real: Percentiles,
+    /// Against the simulator without injected latency.
+    pub simulated: Percentiles,
+    /// Against the simulator with injected latency.
+    pub simulated_slow: Percentiles,
+}
+
+impl ProbeLatencyRow {
+    /// The table's header, naming the injected latency.
+    pub fn header(latency_ms: f64) -> Vec<String> {
+        vec![
+            "request".to_owned(),
+            "real SKR apiserver".to_owned(),
+            "simulator, no injected latency".to_owned(),
+            format!("simulator, {latency_ms} ms injected"),
+        ]
+    }
+}
+
+impl Row for ProbeLatencyRow {
+    fn cells(&self) -> Vec<String> {
+        let ms = |p: &Percentiles| format!("{} / {}", f2(p.p50 * 1000.0), f2(p.p99 * 1000.0));
+        vec![self.request.clone(), ms(&self.real), ms(&self.simulated), ms(&self.simulated_slow)]
+    }
+}
+
+/// What the smoke run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct SmokeResult {
+    /// Kymas (SKRs).
+    pub kymas: usize,
+    /// Replicas.
+    pub replicas: usize,
+    /// Seconds until every SKR synced.
+    pub rollout_seconds: f64,
+    /// Seconds until every SKR held one MT update.
+    pub one_mt: Percentiles,
+    /// SKR writes of that update.
+    pub one_mt_writes: u64,
+    /// A new module until every SKR held it.
+    pub new_module: Spread,
+    /// The baseline's passes in its round.
+    pub baseline_passes: u64,
+    /// The baseline's SKR requests in its round.
+    pub baseline_requests: u64,
+    /// The baseline's median pass, seconds.
+    pub baseline_pass_p50_seconds: f64,
+}
+
+impl SmokeResult {
+    /// The table's header.
+    pub const HEADER: [&str; 2] = ["check", "result"];
+
+    /// One row per check.
+    pub fn checks(&self) -> Vec<Vec<String>> {
+        let one = &self.one_mt;
+        vec![
+            vec![format!("rollout to {} SKRs, {} replicas (s)", self.kymas, self.replicas), f1(self.rollout_seconds)],
+            vec![
+                "one MT update: p50 / p99 / max (s)".into(),
+                format!("{} / {} / {}", f2(one.p50), f2(one.p99), f2(one.max)),
+            ],
+            vec!["one MT update: SKR writes".into(), self.one_mt_writes.to_string()],
+            vec!["new module: p99 (s)".into(), self.new_module.p99.to_string()],
+            vec![
+                "baseline round: passes, requests".into(),
+                format!("{}, {}", self.baseline_passes, self.baseline_requests),
+            ],
+            vec!["baseline pass p50 (s)".into(), f2(self.baseline_pass_p50_seconds)],
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::Latency;
+
+    fn traffic() -> Traffic {
+        Traffic {
+            skrs: 100,
+            requests: 250,
+            writes: 100,
+            by_verb: [("apply".to_owned(), 100), ("list-meta".to_owned(), 150)].into(),
+            handshakes: 3,
+            resumed_handshakes: 1,
+        }
+    }
+
+    #[test]
+    fn a_catalogsync_propagation_row_has_every_column_and_the_baseline_dashes_what_it_does_not_measure() {
+        let catalogsync = PropagationRow {
+            run: "catalogsync".into(),
+            latency: (&Percentiles { count: 100, p50: 1.0, p90: 2.0, p99: 3.0, max: 4.0 }).into(),
+            traffic: traffic(),
+            objects: Some(2),
+            replica_cpu_seconds: Some(1.25),
+            sim_cpu_seconds: Some(0.5),
+        };
+        assert_eq!(
+            catalogsync.cells(),
+            [
+                "catalogsync",
+                "1.00",
+                "3.00",
+                "4.00",
+                "250",
+                "2.50",
+                "100",
+                "0.50",
+                "1.2",
+                "12.50",
+                "0.5",
+                "apply 100, list-meta 150, TLS handshakes 3 (1 resumed)"
+            ]
+        );
+        let later =
+            Spread { p50: Latency::Seconds(1.0), p99: Latency::LaterThan(1800.0), max: Latency::LaterThan(1800.0) };
+        let baseline = PropagationRow {
+            run: "baseline".into(),
+            latency: later,
+            traffic: traffic(),
+            objects: None,
+            replica_cpu_seconds: None,
+            sim_cpu_seconds: None,
+        };
+        assert_eq!(baseline.cells()[1..4], ["1.00", "> 1800", "> 1800"]);
+        assert_eq!(baseline.cells()[7..11], ["-", "-", "-", "-"]);
+        assert_eq!(baseline.cells().len(), PropagationRow::HEADER.len());
+    }
+
+    #[test]
+    fn steady_rows_show_configured_periods_whole_and_estimated_ones_with_decimals() {
+        let row = |periods: f64, note| SteadyRow {
+            run: "r".into(),
+            periods,
+            traffic: traffic(),
+            kcp_writes: 7,
+            kcp_writes_note: note,
+            kcp_lease_writes: 9,
+            cpu_seconds_per_period: vec![0.5, 0.25],
+            peak_rss_mib: vec![100.0, 120.04],
+            sim_cpu_seconds_per_period: 0.1,
+        };
+        let catalogsync = row(3.0, None).cells();
+        assert_eq!(catalogsync[1..8], ["3", "0.83", "100", "7", "9", "0.50 / 0.25", "100.0 / 120.0"]);
+        let baseline = row(0.8, Some("harness writes only")).cells();
+        assert_eq!(baseline[1..5], ["0.80", "3.12", "100", "7 (harness writes only)"]);
+    }
+
+    #[test]
+    fn added_kymas_are_shown_with_a_plus() {
+        let row = RolloutRow { kymas: 4000, added: true, replicas: 3, seconds: 61.26, what: "grown".into() };
+        assert_eq!(row.cells(), ["+4000", "3", "61.3", "grown"]);
+    }
+
+    #[test]
+    fn speed_ups_need_the_base_replica_count() {
+        let rows = ScalingRow::all(&[(1, (8.0, 40.0)), (3, (4.0, 10.0))].into());
+        assert_eq!(rows[0].cells(), ["1", "8.00", "1.00", "0.50", "40.00", "1.00", "0.25"]);
+        assert_eq!(rows[1].cells(), ["3", "4.00", "2.00", "1.00", "10.00", "4.00", "1.00"]);
+        let only_five = ScalingRow::all(&[(5, (2.0, 5.0))].into());
+        assert_eq!(only_five[0].cells()[2..4], ["-", "-"]);
+    }
+}
