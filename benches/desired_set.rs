@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use catalogsync::catalog::{
-    CatalogKind, DesiredSet, DesiredSets, KindMemory, Observed, Plan, Snapshot, desired_set, plan,
+    CatalogKind, DesiredSet, KindMemory, Observed, Plan, ProfileCache, Snapshot, desired_set, plan,
 };
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -62,7 +62,7 @@ fn bench_desired_set(c: &mut Criterion) {
 
     // What a replica does per owned Kyma since desired sets are shared per profile: the
     // Kyma's profile and a lookup (the set itself is computed once per profile and snapshot).
-    let shared = DesiredSets::default();
+    let shared = ProfileCache::default();
     let _ = shared.get(&snapshot, &plain, &restricted);
     c.bench_function("desired_shared/plain_kyma", |b| {
         b.iter(|| shared.get(black_box(&snapshot), black_box(&plain), &restricted).fingerprint);

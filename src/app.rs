@@ -27,10 +27,13 @@ use crate::sharding::coordinator::Coordinator;
 use crate::sharding::{Timing, membership};
 use crate::skr::destination::{Destinations, Rule};
 use crate::skr::kubeconfig::InsecureTls;
-use crate::skr::{AccessSettings, SkrPool};
-use crate::sync::catalog::{CatalogState, run_catalog_loop};
+use crate::skr::{AccessSettings, SkrConnector};
 use crate::sync::guard::ShrinkGuard;
-use crate::sync::reconciler::{self, Book, Context, Settings};
+use crate::sync::kymas::KymaRecords;
+use crate::sync::publisher::PublisherContext;
+use crate::sync::publisher::run_catalog_loop;
+use crate::sync::reconciler::{self, Context, Settings};
+use crate::sync::state::CatalogState;
 use crate::watches;
 
 /// Capacity of the catalog requeue channel. The catalog loop awaits free space (it is our
@@ -180,9 +183,10 @@ pub async fn run_with(
     let (catalog_tx, catalog_rx) = watch::channel(Arc::new(CatalogState::default()));
     let (requeue_tx, requeue_rx) = mpsc::channel(REQUEUE_CAPACITY);
     let view = ShardView::new(shards);
+    let kymas = Arc::new(KymaRecords::new(metrics.sync.clone(), metrics.skr.clone()));
     let ctx = Arc::new(Context {
         kcp: kcp.clone(),
-        pool: SkrPool::new(kcp.clone(), ns.clone(), access, kcp_request_timeout, metrics.skr.clone()),
+        connector: SkrConnector::new(kcp.clone(), ns.clone(), access, kcp_request_timeout),
         settings: Settings {
             sync_namespace,
             restricted_modules,
@@ -204,7 +208,7 @@ pub async fn run_with(
             Reporter { controller: "catalogsync".into(), instance: Some(identity.clone()) },
         ),
         shards: view.clone(),
-        book: Book::default(),
+        kymas: Arc::clone(&kymas),
     });
     let deleted_ctx = Arc::clone(&ctx);
     let (kyma_store, kyma_changes) = watches::kymas(&kcp, &ns, move |kyma| deleted_ctx.forget_kyma(&kyma));
@@ -253,7 +257,7 @@ pub async fn run_with(
     .instrument(info_span!("membership"));
     let (debug_tx, debug_rx) = watch::channel(ShardsDebug::default());
     metrics.observe_shards(debug_rx.clone()).map_err(AppError::Metrics)?;
-    let release_ctx = Arc::clone(&ctx);
+    let released = Arc::clone(&kymas);
     let agent_task = Agent {
         api: lease_api.clone(),
         identity: identity.clone(),
@@ -266,7 +270,7 @@ pub async fn run_with(
         requeue: requeue_tx.clone(),
         on_release: Arc::new(move |kymas| {
             for kyma in kymas {
-                release_ctx.pool.evict(&kyma.name, EvictionReason::Released);
+                released.evict_skr(&kyma.name, EvictionReason::Released);
             }
         }),
         metrics: metrics.clone(),
@@ -298,17 +302,19 @@ pub async fn run_with(
     // The catalog loop and the controller.
     let catalog_task = run_catalog_loop(
         Box::pin(catalog_changes),
-        catalog_stores.with_shrink_guard(ShrinkGuard::new(
-            catalog_shrink_threshold,
-            kcp.clone(),
-            &lease_namespace,
-            kcp_request_timeout,
-        )),
+        catalog_stores,
         kyma_store.clone(),
         catalog_tx,
         requeue_tx,
-        Arc::clone(&ctx),
-        catalog_debounce,
+        PublisherContext {
+            view: view.clone(),
+            kymas,
+            metrics: metrics.clone(),
+            sync_namespace: ctx.settings.sync_namespace.clone(),
+            restricted_modules: ctx.settings.restricted_modules.clone(),
+            guard: Some(ShrinkGuard::new(catalog_shrink_threshold, kcp.clone(), &lease_namespace, kcp_request_timeout)),
+            debounce: catalog_debounce,
+        },
     )
     .instrument(info_span!("catalog"));
     let controller_task = {

@@ -15,9 +15,9 @@ use tracing::warn;
 use crate::api::{KYMA_NAME_LABEL, Kyma, LEASE_TYPE_LABEL};
 use crate::catalog::CatalogKind;
 use crate::skr::AccessSecrets;
-use crate::sync::catalog::CatalogStores;
 use crate::sync::executor::skr_crd_names;
 use crate::sync::reconciler;
+use crate::sync::state::CatalogStores;
 
 /// The Kymas of `namespace`: their store (trimmed to what the controller reads), and the stream
 /// of Kymas whose trigger fields changed ([`reconciler::trigger_hash`]), which drives the
@@ -147,7 +147,7 @@ pub fn catalog(kcp: &Client, namespace: &str) -> (CatalogStores, impl Stream<Ite
     });
     let crds = stream::select_all(crd_streams);
     let changes = stream::select(stream::select(mts, mrms), crds);
-    (CatalogStores { templates: mt_store, release_metas: mrm_store, crds: crd_stores, guard: None }, changes)
+    (CatalogStores { templates: mt_store, release_metas: mrm_store, crds: crd_stores }, changes)
 }
 
 /// Keeps of an access Secret's metadata only what is read: name, namespace, labels, uid and

@@ -118,7 +118,7 @@ impl Warning {
 /// module's MRM with a valid, non-empty `kymaSelector`, whether the selector matches it (an
 /// invalid one is never evaluated). The desired set is a function of the catalog and the
 /// profile alone, so Kymas with equal profiles (nearly all of a fleet: a handful of profiles
-/// for thousands of Kymas) share one desired set ([`DesiredSets`]).
+/// for thousands of Kymas) share one desired set ([`ProfileCache`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Profile {
     beta: bool,
@@ -172,7 +172,7 @@ fn selectable<'a>(
 /// The union of the desired sets of every Kyma: what [`Profile::widest`] gets. The shrink
 /// guard counts it to tell how much of the catalog the fleet would lose.
 pub fn widest_desired_set(snapshot: &Snapshot, restricted_modules: &BTreeSet<String>) -> DesiredSet {
-    desired_for(snapshot, &Profile::widest(snapshot, restricted_modules), restricted_modules).0
+    filter_profile(snapshot, &Profile::widest(snapshot, restricted_modules), restricted_modules).0
 }
 
 /// Computes the desired catalog of a Kyma with `kyma_labels`, given the KCP catalog and the
@@ -183,11 +183,11 @@ pub fn desired_set(
     kyma_labels: &BTreeMap<String, String>,
     restricted_modules: &BTreeSet<String>,
 ) -> (DesiredSet, Vec<Warning>) {
-    desired_for(snapshot, &Profile::of(snapshot, kyma_labels, restricted_modules), restricted_modules)
+    filter_profile(snapshot, &Profile::of(snapshot, kyma_labels, restricted_modules), restricted_modules)
 }
 
 /// The desired catalog of every Kyma with `profile`.
-fn desired_for(
+fn filter_profile(
     snapshot: &Snapshot,
     profile: &Profile,
     restricted_modules: &BTreeSet<String>,
@@ -278,9 +278,10 @@ fn desired_for(
     (out, warnings)
 }
 
-/// A desired set with what goes with it: the filter's warnings and the set's fingerprint.
+/// What the filter gives for one profile: the desired set, the warnings of what it skipped, and
+/// the set's fingerprint.
 #[derive(Debug)]
-pub struct Desired {
+pub struct Filtered {
     /// The objects.
     pub set: DesiredSet,
     /// What the filter skipped with a warning.
@@ -289,7 +290,7 @@ pub struct Desired {
     pub fingerprint: u64,
 }
 
-impl Desired {
+impl Filtered {
     fn new((set, warnings): (DesiredSet, Vec<Warning>)) -> Self {
         let fingerprint = set.fingerprint();
         Self { set, warnings, fingerprint }
@@ -299,17 +300,17 @@ impl Desired {
 /// The desired sets of one catalog snapshot, computed once per [`Profile`] and shared by the
 /// Kymas that have it. A catalog change otherwise costs every Kyma two computations of its
 /// set (to decide whether it is affected, then in its sync), each cloning and re-serializing
-/// the MRMs whose channels it cuts. Holds at most [`DesiredSets::MAX_PROFILES`] sets (about
+/// the MRMs whose channels it cuts. Holds at most [`ProfileCache::MAX_PROFILES`] sets (about
 /// 10 KB each); Kymas with further profiles get theirs computed each time.
 ///
 /// Valid for one snapshot and one set of restricted modules: the catalog state that holds it
 /// is rebuilt on every catalog change, and the restricted modules are fixed at start.
 #[derive(Debug, Default)]
-pub struct DesiredSets {
-    by_profile: std::sync::Mutex<std::collections::HashMap<Profile, Arc<Desired>>>,
+pub struct ProfileCache {
+    by_profile: std::sync::Mutex<std::collections::HashMap<Profile, Arc<Filtered>>>,
 }
 
-impl DesiredSets {
+impl ProfileCache {
     /// Most profiles kept.
     pub const MAX_PROFILES: usize = 128;
 
@@ -319,13 +320,13 @@ impl DesiredSets {
         snapshot: &Snapshot,
         kyma_labels: &BTreeMap<String, String>,
         restricted_modules: &BTreeSet<String>,
-    ) -> Arc<Desired> {
+    ) -> Arc<Filtered> {
         let profile = Profile::of(snapshot, kyma_labels, restricted_modules);
         if let Some(found) = self.lock().get(&profile) {
             return Arc::clone(found);
         }
         // Computed outside the lock; two syncs racing for a new profile compute it twice.
-        let desired = Arc::new(Desired::new(desired_for(snapshot, &profile, restricted_modules)));
+        let desired = Arc::new(Filtered::new(filter_profile(snapshot, &profile, restricted_modules)));
         let mut cache = self.lock();
         if cache.len() < Self::MAX_PROFILES {
             cache.insert(profile, Arc::clone(&desired));
@@ -343,7 +344,7 @@ impl DesiredSets {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Profile, Arc<Desired>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Profile, Arc<Filtered>>> {
         // Inserts are single operations: a panic elsewhere cannot leave the map inconsistent.
         self.by_profile.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }

@@ -16,7 +16,7 @@ pub mod render;
 pub mod selector;
 pub mod snapshot;
 
-pub use desired::{Desired, DesiredObject, DesiredSet, DesiredSets, Profile, Warning, WarningReason, desired_set};
+pub use desired::{DesiredObject, DesiredSet, Filtered, Profile, ProfileCache, Warning, WarningReason, desired_set};
 pub use plan::{KindMemory, Observed, Orphan, Plan, plan};
 pub use snapshot::{MrmView, MtView, Snapshot};
 

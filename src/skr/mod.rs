@@ -1,11 +1,11 @@
 //! Reaching SKRs: access Secrets in the KCP, the kubeconfig allowlist, where SKRs may be,
-//! bounded requests, and the per-SKR client cache.
+//! bounded requests, and the access to one SKR.
 
 pub mod access;
+pub mod connector;
 pub mod destination;
 pub mod kubeconfig;
-pub mod pool;
 pub mod request;
 
 pub use access::{AccessSecrets, AccessSettings, find_access_secret};
-pub use pool::{SkrEntry, SkrPool, SkrState};
+pub use connector::{SkrConnector, SkrEntry, SkrState};

@@ -18,7 +18,7 @@ use crate::api::{CONFIRM_SHRINK_ANNOTATION, COORDINATOR_LEASE, KCP_FIELD_MANAGER
 use crate::catalog::CatalogKind;
 use crate::catalog::guard::{CatalogCounts, Check, HoldReason, LeaseNotes, Publish, Verdict, decide};
 use crate::metrics::{CatalogMetrics, ReachableState};
-use crate::sync::catalog::CatalogState;
+use crate::sync::state::CatalogState;
 
 /// How often a held state is decided again (to see a confirmation) and a failed record of the
 /// published counts is retried. One GET of the coordinator Lease per replica per period, only

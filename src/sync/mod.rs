@@ -1,9 +1,12 @@
-//! The sync engine: the Kyma controller ([`reconciler`]), the catalog watcher that requeues
-//! affected Kymas ([`catalog`]) behind the shrink guard ([`guard`]), and the per-SKR executor
-//! ([`executor`]).
+//! The sync engine: the Kyma controller ([`reconciler`]) and the per-SKR executor
+//! ([`executor`]); the catalog publisher that requeues affected Kymas ([`publisher`]) behind the
+//! shrink guard ([`guard`]); the published catalog every sync reads ([`state`]); what the replica
+//! knows of each Kyma it syncs ([`kymas`]); the `ModuleCatalog` condition ([`condition`]).
 
-pub mod catalog;
 pub mod condition;
 pub mod executor;
 pub mod guard;
+pub mod kymas;
+pub mod publisher;
 pub mod reconciler;
+pub mod state;

@@ -1,9 +1,9 @@
 //! The Kyma controller: one reconcile syncs one SKR and reports the result in the Kyma's
 //! `ModuleCatalog` condition, the only KCP write catalogsync makes.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -26,10 +26,11 @@ use crate::error::ConditionReason;
 use crate::error::{Result, SyncError};
 use crate::metrics::{EvictionReason, Metrics, ObjectOp, SkipReason, SyncOutcome};
 use crate::sharding::ShardView;
-use crate::skr::{AccessSecrets, SkrPool};
-use crate::sync::catalog::{CatalogState, sync_fingerprint};
+use crate::skr::{AccessSecrets, SkrConnector};
 use crate::sync::condition::{self, ConditionStatus, Wanted};
 use crate::sync::executor::{SkrTarget, SyncReport};
+use crate::sync::kymas::KymaRecords;
+use crate::sync::state::{CatalogState, sync_fingerprint};
 
 /// Sync settings taken from the command line.
 #[derive(Debug, Clone)]
@@ -62,8 +63,8 @@ pub struct Context {
     pub kcp: Client,
     /// Settings.
     pub settings: Settings,
-    /// SKR clients.
-    pub pool: SkrPool,
+    /// Builds the access to an SKR from its access Secret.
+    pub connector: SkrConnector,
     /// Metrics.
     pub metrics: Metrics,
     /// The latest catalog snapshot.
@@ -76,8 +77,8 @@ pub struct Context {
     pub shards: ShardView,
     /// Permits for full lists of SKR copies (`--full-list-concurrency`).
     pub full_lists: tokio::sync::Semaphore,
-    /// Bookkeeping shared with the catalog watcher.
-    pub book: Book,
+    /// What is known of each Kyma, shared with the catalog publisher.
+    pub kymas: Arc<KymaRecords>,
 }
 
 impl Context {
@@ -95,97 +96,8 @@ impl Context {
     /// A sync of the Kyma that is running when it is deleted may record it again as it ends.
     /// Its requeue (backoff or resync) then finds the Kyma gone and forgets it again.
     pub fn forget_kyma(&self, kyma: &ObjectRef<Kyma>) {
-        self.pool.evict(&kyma.name, EvictionReason::Deleted);
-        set_depth(self, self.book.forget(&kyma.name));
+        self.kymas.forget(&kyma.name, EvictionReason::Deleted);
         debug!(%kyma, "Forgot a deleted Kyma");
-    }
-}
-
-/// Per-Kyma bookkeeping: failures in a row (for backoff), the fingerprint of the desired set
-/// last synced successfully, and the Kymas requeued for a catalog change and not yet synced.
-#[derive(Default)]
-pub struct Book {
-    failures: Mutex<HashMap<String, u32>>,
-    synced: Mutex<HashMap<String, u64>>,
-    /// Pending Kymas, each with its shard, and the count per shard.
-    pending: Mutex<Pending>,
-}
-
-#[derive(Default)]
-struct Pending {
-    shard_of: HashMap<String, u32>,
-    per_shard: HashMap<u32, usize>,
-}
-
-/// The queue depth of one shard after a change.
-#[derive(Debug, Clone, Copy)]
-pub struct Depth {
-    /// Shard.
-    pub shard: u32,
-    /// Pending Kymas in it.
-    pub depth: usize,
-}
-
-impl Pending {
-    /// One fewer pending Kyma in `shard`; returns how many are left.
-    fn decrement(&mut self, shard: u32) -> usize {
-        let left = self.per_shard.get(&shard).map_or(0, |n| n.saturating_sub(1));
-        if left == 0 {
-            self.per_shard.remove(&shard);
-        } else {
-            self.per_shard.insert(shard, left);
-        }
-        left
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Each critical section is a single map operation, so a poisoned map is still consistent.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Book {
-    /// The fingerprint last synced to `kyma`, if any.
-    pub fn synced_fingerprint(&self, kyma: &str) -> Option<u64> {
-        lock(&self.synced).get(kyma).copied()
-    }
-
-    /// Marks `kyma` (of `shard`) as requeued; returns the queue depth of its shard.
-    pub fn mark_pending(&self, kyma: &str, shard: u32) -> Depth {
-        let mut p = lock(&self.pending);
-        if let Some(before) = p.shard_of.insert(kyma.to_owned(), shard) {
-            p.decrement(before);
-        }
-        let depth = p.per_shard.entry(shard).or_default();
-        *depth += 1;
-        Depth { shard, depth: *depth }
-    }
-
-    fn finish(&self, kyma: &str, synced: Option<u64>) -> Option<Depth> {
-        match synced {
-            Some(fp) => {
-                lock(&self.synced).insert(kyma.to_owned(), fp);
-                lock(&self.failures).remove(kyma);
-            }
-            None => {
-                lock(&self.synced).remove(kyma);
-            }
-        }
-        let mut p = lock(&self.pending);
-        let shard = p.shard_of.remove(kyma)?;
-        Some(Depth { shard, depth: p.decrement(shard) })
-    }
-
-    fn forget(&self, kyma: &str) -> Option<Depth> {
-        lock(&self.failures).remove(kyma);
-        self.finish(kyma, None)
-    }
-
-    fn record_failure(&self, kyma: &str) -> u32 {
-        let mut f = lock(&self.failures);
-        let n = f.entry(kyma.to_owned()).or_default();
-        *n = n.saturating_add(1);
-        *n
     }
 }
 
@@ -275,15 +187,13 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     let namespace = kyma.namespace().unwrap_or_default();
     if let Some(reason) = skip_reason(&kyma) {
         ctx.metrics.sync.skipped(reason);
-        ctx.pool.evict(&name, EvictionReason::Released);
-        set_depth(&ctx, ctx.book.forget(&name));
+        ctx.kymas.forget(&name, EvictionReason::Released);
         debug!(reason = reason.as_str(), "Leaving Kyma alone");
         return Ok(Action::await_change());
     }
     // Counted as in flight until the end of the sync, so a shard handover waits for it.
     let Some(in_flight) = ctx.shards.begin(&namespace, &name) else {
-        ctx.pool.evict(&name, EvictionReason::Released);
-        set_depth(&ctx, ctx.book.forget(&name));
+        ctx.kymas.forget(&name, EvictionReason::Released);
         return Ok(Action::await_change());
     };
 
@@ -302,7 +212,7 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
         Ok(report) => {
             record_report(&ctx.metrics, &report);
             ctx.metrics.sync.finished(shard, SyncOutcome::Synced);
-            set_depth(&ctx, ctx.book.finish(&name, Some(sync_fingerprint(&desired, &catalog))));
+            ctx.kymas.finish(&name, Some(sync_fingerprint(&desired, &catalog)));
             if report.writes() > 0 || report.prune_conflicts > 0 {
                 info!(
                     applied = ?report.applied,
@@ -324,15 +234,15 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
             Ok(Action::requeue(jittered(ctx.settings.resync_period, ctx.settings.resync_jitter)))
         }
         Err(SyncError::OwnershipLost) => {
-            set_depth(&ctx, ctx.book.forget(&name));
+            ctx.kymas.forget_progress(&name);
             info!("Stopped sync: the SKR is no longer ours");
             Ok(Action::await_change())
         }
         Err(err) => {
             ctx.metrics.sync.finished(shard, SyncOutcome::Failed(err.reason()));
-            set_depth(&ctx, ctx.book.finish(&name, None));
+            ctx.kymas.finish(&name, None);
             if err.evicts_client() {
-                ctx.pool.evict(&name, EvictionReason::Error);
+                ctx.kymas.evict_skr(&name, EvictionReason::Error);
             }
             warn!(reason = err.reason().as_str(), error = &err as &dyn std::error::Error, "Failed to sync catalog");
             let wanted = Wanted {
@@ -358,7 +268,7 @@ pub fn error_policy(kyma: Arc<Kyma>, err: &SyncError, ctx: Arc<Context>) -> Acti
         ctx.metrics.sync.condition_write_failed(shard);
         warn!(error = err as &dyn std::error::Error, "Failed to write the ModuleCatalog condition");
     }
-    let failures = ctx.book.record_failure(&kyma.name_any());
+    let failures = ctx.kymas.record_failure(&kyma.name_any());
     Action::requeue(backoff(failures, ctx.settings.backoff_min, ctx.settings.backoff_max))
 }
 
@@ -372,13 +282,6 @@ pub fn backoff(failures: u32, min: Duration, max: Duration) -> Duration {
 
 fn jittered(period: Duration, jitter: f64) -> Duration {
     period + period.mul_f64(rand::rng().random_range(0.0..=jitter))
-}
-
-/// Publishes a shard's queue depth.
-pub fn set_depth(ctx: &Context, depth: Option<Depth>) {
-    if let Some(Depth { shard, depth }) = depth {
-        ctx.metrics.sync.queue_depth(shard, depth);
-    }
 }
 
 fn record_report(metrics: &Metrics, report: &SyncReport) {
@@ -405,7 +308,7 @@ async fn sync_skr(
     let name = kyma.name_any();
     let namespace = kyma.namespace().unwrap_or_default();
     let secret = ctx.secrets.find(&name, &namespace)?;
-    let entry = ctx.pool.get(&name, &secret).await?;
+    let entry = ctx.kymas.skr(&name, &secret, &ctx.connector).await?;
     // Built per sync and dropped with it: connections and TLS state last one sync.
     let client = entry.access.client().await?;
     let mut state = entry.state.lock().await;
@@ -475,48 +378,6 @@ mod tests {
             assert!(late >= Duration::from_secs(150) && late <= max, "{late:?}");
         }
         assert!(backoff(3, min, max) <= Duration::from_secs(20));
-    }
-
-    #[test]
-    fn queue_depth_per_shard() {
-        let book = Book::default();
-        assert_eq!(book.mark_pending("a", 1).depth, 1);
-        assert_eq!(book.mark_pending("b", 1).depth, 2);
-        assert_eq!(book.mark_pending("c", 2).depth, 1);
-        // Requeued again, or moved to another shard: counted once, where it is now.
-        assert_eq!(book.mark_pending("a", 1).depth, 2);
-        assert_eq!(book.mark_pending("b", 2).depth, 2);
-        assert_eq!(book.finish("a", Some(7)).map(|d| (d.shard, d.depth)), Some((1, 0)));
-        assert_eq!(book.synced_fingerprint("a"), Some(7));
-        assert_eq!(book.forget("b").map(|d| (d.shard, d.depth)), Some((2, 1)));
-        assert!(book.finish("a", None).is_none(), "not pending any more");
-        assert_eq!(book.finish("c", None).map(|d| (d.shard, d.depth)), Some((2, 0)));
-    }
-
-    #[test]
-    fn forget_drops_everything_kept_of_a_kyma() {
-        let book = Book::default();
-        book.mark_pending("gone", 3);
-        book.mark_pending("other", 3);
-        assert_eq!(book.record_failure("gone"), 1);
-        assert_eq!(book.record_failure("gone"), 2);
-        book.finish("synced", Some(9));
-        book.mark_pending("synced", 3);
-
-        // Its shard's depth drops by one, and nothing of it is left.
-        assert_eq!(book.forget("gone").map(|d| (d.shard, d.depth)), Some((3, 2)));
-        assert!(!lock(&book.failures).contains_key("gone"));
-        assert_eq!(book.synced_fingerprint("gone"), None);
-        assert!(!lock(&book.pending).shard_of.contains_key("gone"));
-        assert_eq!(book.record_failure("gone"), 1, "a Kyma re-created under the name starts afresh");
-
-        // A synced, pending Kyma: fingerprint and pending entry go; forgetting twice is a no-op.
-        assert_eq!(book.forget("synced").map(|d| (d.shard, d.depth)), Some((3, 1)));
-        assert_eq!(book.synced_fingerprint("synced"), None);
-        assert!(book.forget("synced").is_none(), "not pending any more");
-        assert!(book.forget("never-seen").is_none());
-        assert_eq!(book.forget("other").map(|d| (d.shard, d.depth)), Some((3, 0)));
-        assert!(!lock(&book.pending).per_shard.contains_key(&3), "no stuck depth");
     }
 
     #[test]

@@ -574,7 +574,7 @@ fn restricted_module_with_an_invalid_selector_is_desired_for_no_kyma() {
             other => panic!("{case}: the snapshot holds {other:?}, not the reason"),
         };
         assert!(reason.starts_with("kymaSelector is invalid: "), "{case}: {reason}");
-        let sets = DesiredSets::default();
+        let sets = ProfileCache::default();
         for labels in [would_match, kyma_flags(true, true), kyma_labels(&[("kyma-project.io/region", "eu")])] {
             let (set, warnings) = desired_set(&snap, &labels, &restricted(&["sap-btp"]));
             assert_eq!(
@@ -888,7 +888,7 @@ fn kymas_that_differ_only_in_labels_the_filter_ignores_share_one_set() {
     let (mts, mrms) = catalog_with(MrmBuilder::new("sap-btp").selector(sel));
     let snap = snapshot(&mts, &mrms);
     let restricted = restricted(&["sap-btp"]);
-    let sets = DesiredSets::default();
+    let sets = ProfileCache::default();
     let a = sets.get(&snap, &kyma_labels(&[("kyma-project.io/region", "eu"), ("runtime-id", "a")]), &restricted);
     let b = sets.get(&snap, &kyma_labels(&[("kyma-project.io/region", "eu"), ("runtime-id", "b")]), &restricted);
     let elsewhere = sets.get(&snap, &kyma_labels(&[("kyma-project.io/region", "us")]), &restricted);
@@ -903,7 +903,7 @@ fn kymas_that_differ_only_in_labels_the_filter_ignores_share_one_set() {
 fn flags_are_part_of_the_profile() {
     let (mts, mrms) = flavoured_catalog();
     let snap = snapshot(&mts, &mrms);
-    let sets = DesiredSets::default();
+    let sets = ProfileCache::default();
     for (beta, internal) in [(false, false), (true, false), (false, true), (true, true)] {
         let labels = kyma_flags(beta, internal);
         let shared = sets.get(&snap, &labels, &no_restrictions());
@@ -915,7 +915,7 @@ fn flags_are_part_of_the_profile() {
 #[test]
 fn the_cache_is_bounded_and_answers_beyond_its_bound() {
     // Every Kyma matches a different subset of MAX_PROFILES + 1 restricted modules' selectors.
-    let modules: Vec<String> = (0..=DesiredSets::MAX_PROFILES).map(|i| format!("mod{i}")).collect();
+    let modules: Vec<String> = (0..=ProfileCache::MAX_PROFILES).map(|i| format!("mod{i}")).collect();
     let mts: Vec<DynamicObject> = modules.iter().map(|m| MtBuilder::new(m, "1.0.0").build()).collect();
     let mrms: Vec<DynamicObject> = modules
         .iter()
@@ -923,13 +923,13 @@ fn the_cache_is_bounded_and_answers_beyond_its_bound() {
         .collect();
     let snap = snapshot(&mts, &mrms);
     let restricted: BTreeSet<String> = modules.iter().cloned().collect();
-    let sets = DesiredSets::default();
+    let sets = ProfileCache::default();
     for m in &modules {
         let labels = kyma_labels(&[(m.as_str(), "yes")]);
         let shared = sets.get(&snap, &labels, &restricted);
         assert_eq!(names(&shared.set.release_metas), [m.as_str()]);
     }
-    assert_eq!(sets.len(), DesiredSets::MAX_PROFILES);
+    assert_eq!(sets.len(), ProfileCache::MAX_PROFILES);
 }
 
 proptest! {
@@ -940,7 +940,7 @@ proptest! {
     ) {
         let (mts, mrms) = catalog.objects();
         let snap = snapshot(&mts, &mrms);
-        let sets = DesiredSets::default();
+        let sets = ProfileCache::default();
         // Twice over, so the second round answers from the cache.
         for labels in kymas.iter().chain(&kymas) {
             let own = desired_set(&snap, labels, &catalog.restricted());

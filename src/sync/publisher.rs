@@ -7,120 +7,44 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
-use kube::api::DynamicObject;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::api::Kyma;
-use crate::catalog::{CatalogKind, Desired, DesiredSets, Snapshot, Warning, WarningReason};
-use crate::sync::executor::{SkrCrds, skr_crd_names};
+use crate::catalog::{CatalogKind, Warning, WarningReason};
+use crate::metrics::Metrics;
+use crate::sharding::ShardView;
 use crate::sync::guard::{Gate, ShrinkGuard};
-use crate::sync::reconciler::Context;
+use crate::sync::kymas::KymaRecords;
+use crate::sync::state::{CatalogState, CatalogStores, sync_fingerprint};
 
-/// What every sync reads: the catalog snapshot and the SKR CRDs.
-#[derive(Debug, Clone, Default)]
-pub struct CatalogState {
-    /// The catalog.
-    pub snapshot: Snapshot,
-    /// The CRDs to ensure in SKRs.
-    pub crds: SkrCrds,
-    /// Whether this state was built from fully listed stores (the initial value is not).
-    pub published: bool,
-    /// The desired sets of `snapshot`, computed as Kymas ask for them.
-    desired: Arc<DesiredSets>,
-}
-
-impl PartialEq for CatalogState {
-    /// Equal catalogs; the desired sets follow from the snapshot.
-    fn eq(&self, other: &Self) -> bool {
-        self.snapshot == other.snapshot && self.crds == other.crds && self.published == other.published
-    }
-}
-
-impl CatalogState {
-    /// A state built from fully listed stores: `snapshot` and `crds`.
-    pub fn published(snapshot: Snapshot, crds: SkrCrds) -> Self {
-        Self { snapshot, crds, published: true, desired: Arc::default() }
-    }
-
-    /// The desired set of a Kyma with `kyma_labels`, shared with every Kyma of the same
-    /// [`Profile`](crate::catalog::Profile).
-    pub fn desired(
-        &self,
-        kyma_labels: &BTreeMap<String, String>,
-        restricted_modules: &BTreeSet<String>,
-    ) -> Arc<Desired> {
-        self.desired.get(&self.snapshot, kyma_labels, restricted_modules)
-    }
-}
-
-/// What a successful sync of an SKR established: its desired set and the CRDs. A Kyma whose
-/// fingerprint under a new catalog differs from the one last synced needs a sync.
-pub fn sync_fingerprint(desired: &Desired, state: &CatalogState) -> u64 {
-    desired.fingerprint ^ state.crds.hash.rotate_left(1)
-}
-
-/// The KCP stores the catalog is built from.
+/// What the publisher reads and writes of the rest of the replica: the ownership gate, the
+/// per-Kyma records (to requeue only owned Kymas whose synced catalog changed), the metrics, and
+/// the two settings a catalog state depends on.
 #[derive(Clone)]
-pub struct CatalogStores {
-    /// ModuleTemplates.
-    pub templates: Store<DynamicObject>,
-    /// ModuleReleaseMetas.
-    pub release_metas: Store<DynamicObject>,
-    /// The two catalog CRDs, one store each (each is watched by name, and a watcher's
-    /// re-list replaces the whole content of its store).
-    pub crds: Vec<Store<CustomResourceDefinition>>,
-    /// The shrink guard the catalog loop applies before it publishes a state (`None`: every
-    /// state is published).
+pub struct PublisherContext {
+    /// The ownership gate.
+    pub view: ShardView,
+    /// What is known of each Kyma.
+    pub kymas: Arc<KymaRecords>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// `--sync-namespace`.
+    pub sync_namespace: String,
+    /// `--restricted-modules`.
+    pub restricted_modules: BTreeSet<String>,
+    /// The shrink guard applied before a state is published (`None`: every state is).
     pub guard: Option<ShrinkGuard>,
-}
-
-impl CatalogStores {
-    /// These stores with `guard`: the catalog loop holds back a state that lost more than the
-    /// guard's threshold of the published catalog (see [`crate::catalog::guard`]).
-    pub fn with_shrink_guard(mut self, guard: ShrinkGuard) -> Self {
-        self.guard = Some(guard);
-        self
-    }
-
-    /// Waits until every store has finished its first list.
-    ///
-    /// # Errors
-    /// Fails when a store's writer was dropped before it became ready.
-    pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        // Only this function waits on these stores, so each readiness signal has one waiter.
-        self.templates.wait_until_ready().await?;
-        self.release_metas.wait_until_ready().await?;
-        for store in &self.crds {
-            store.wait_until_ready().await?;
-        }
-        Ok(())
-    }
-
-    /// Builds the current catalog state.
-    pub fn state(&self, sync_namespace: &str) -> CatalogState {
-        let mts = self.templates.state();
-        let mrms = self.release_metas.state();
-        let snapshot = Snapshot::build(mts.iter().map(AsRef::as_ref), mrms.iter().map(AsRef::as_ref), sync_namespace);
-        let crds: Vec<Arc<CustomResourceDefinition>> = self.crds.iter().flat_map(Store::state).collect();
-        let found: BTreeMap<String, Option<CustomResourceDefinition>> = skr_crd_names()
-            .into_iter()
-            .map(|name| {
-                let crd = crds.iter().find(|c| c.name_any() == name).map(|c| (**c).clone());
-                (name, crd)
-            })
-            .collect();
-        CatalogState::published(snapshot, SkrCrds::from_kcp(found))
-    }
+    /// `--catalog-debounce`.
+    pub debounce: Duration,
 }
 
 /// Rebuilds the catalog state after each settled burst of changes, publishes it, and sends
 /// the owned Kymas whose desired set changed to `requeue`. Runs until `changes` ends.
 ///
-/// With a shrink guard (see [`CatalogStores::with_shrink_guard`]) a state that lost too much
+/// With a shrink guard (see [`crate::catalog::guard`]) a state that lost too much
 /// of the published catalog is held back instead: the published state stays, and the held one
 /// is decided again every [`GUARD_RECHECK`](crate::sync::guard::GUARD_RECHECK) (to see a
 /// confirmation) and after every further change (the objects may come back).
@@ -130,8 +54,7 @@ pub async fn run_catalog_loop(
     kymas: Store<Kyma>,
     publish: watch::Sender<Arc<CatalogState>>,
     requeue: mpsc::Sender<ObjectRef<Kyma>>,
-    ctx: Arc<Context>,
-    debounce: Duration,
+    ctx: PublisherContext,
 ) {
     // Publish nothing before every store finished its first list: an empty or partial catalog
     // would make every sync prune. A watch that keeps failing (a missing CRD, a denied list)
@@ -152,26 +75,25 @@ pub async fn run_catalog_loop(
         }
     }
     // The first state is decided at once; later ones after their burst of changes settled.
-    let mut gate =
-        Gate::new(stores.guard.clone(), ctx.metrics.catalog.clone(), ctx.settings.restricted_modules.clone());
+    let mut gate = Gate::new(ctx.guard.clone(), ctx.metrics.catalog.clone(), ctx.restricted_modules.clone());
     let mut first = true;
     loop {
         let state = if std::mem::take(&mut first) {
-            stores.state(&ctx.settings.sync_namespace)
+            stores.state(&ctx.sync_namespace)
         } else {
-            match next_wake(&mut changes, debounce, gate.recheck_at()).await {
+            match next_wake(&mut changes, ctx.debounce, gate.recheck_at()).await {
                 Wake::Ended => return,
                 Wake::Changed(mut settled) => {
-                    let mut state = stores.state(&ctx.settings.sync_namespace);
+                    let mut state = stores.state(&ctx.sync_namespace);
                     // A burst the debounce cap cut short that takes objects away (a long
                     // `kubectl delete --all`) is decided once it is over, as a whole: cut
                     // into parts, each part could stay within the shrink threshold.
                     while settled == Settled::Capped && gate.shrinks(&state) {
-                        settled = settle(&mut changes, debounce).await;
+                        settled = settle(&mut changes, ctx.debounce).await;
                         if settled == Settled::Ended {
                             return;
                         }
-                        state = stores.state(&ctx.settings.sync_namespace);
+                        state = stores.state(&ctx.sync_namespace);
                     }
                     state
                 }
@@ -268,7 +190,7 @@ async fn settle(changes: &mut (impl Stream<Item = ()> + Unpin), debounce: Durati
 /// A burst never delays a rebuild by more than this many debounce periods.
 const MAX_DEBOUNCE_FACTOR: u32 = 5;
 
-fn record_catalog(ctx: &Context, state: &CatalogState) {
+fn record_catalog(ctx: &PublisherContext, state: &CatalogState) {
     let m = &ctx.metrics.catalog;
     let snap = &state.snapshot;
     m.objects(CatalogKind::ModuleTemplate, snap.templates.len());
@@ -281,7 +203,7 @@ fn record_catalog(ctx: &Context, state: &CatalogState) {
     }
     // Selector warnings do not depend on the Kyma (an invalid selector is never matched), so
     // one evaluation reports them all.
-    let unlabelled = state.desired(&BTreeMap::new(), &ctx.settings.restricted_modules);
+    let unlabelled = state.desired(&BTreeMap::new(), &ctx.restricted_modules);
     for &reason in WarningReason::ALL {
         m.skipped_release_metas(reason, unlabelled.warnings.iter().filter(|w| w.reason() == reason).count());
     }
@@ -301,21 +223,20 @@ async fn requeue_affected(
     state: &CatalogState,
     kymas: &Store<Kyma>,
     requeue: &mpsc::Sender<ObjectRef<Kyma>>,
-    ctx: &Context,
+    ctx: &PublisherContext,
 ) -> usize {
     let mut n = 0;
     for kyma in kymas.state() {
         let name = kyma.name_any();
         let namespace = kyma.namespace().unwrap_or_default();
-        if !ctx.shards.owns(&namespace, &name) {
+        if !ctx.view.owns(&namespace, &name) {
             continue;
         }
-        let desired = state.desired(kyma.labels(), &ctx.settings.restricted_modules);
-        if ctx.book.synced_fingerprint(&name) == Some(sync_fingerprint(&desired, state)) {
+        let desired = state.desired(kyma.labels(), &ctx.restricted_modules);
+        if ctx.kymas.synced_fingerprint(&name) == Some(sync_fingerprint(&desired, state)) {
             continue;
         }
-        let depth = ctx.book.mark_pending(&name, ctx.shards.shard_of(&namespace, &name));
-        crate::sync::reconciler::set_depth(ctx, Some(depth));
+        ctx.kymas.mark_pending(&name, ctx.view.shard_of(&namespace, &name));
         if requeue.send(ObjectRef::from_obj(&*kyma)).await.is_err() {
             return n;
         }

@@ -1,0 +1,80 @@
+//! The access to one SKR (parsed kubeconfig and sync state), built from its access Secret.
+//! The accesses are kept per Kyma and access-Secret version by
+//! [`crate::sync::kymas::KymaRecords`]: a changed Secret, an auth or connection error, or the
+//! loss of the Kyma drops one, so rotated credentials are picked up on the next sync. Clients
+//! are built per sync from the kept access ([`crate::skr::access::SkrAccess`]).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PartialObjectMeta;
+use kube::{Api, Client};
+
+use crate::catalog::{CatalogKind, KindMemory};
+use crate::error::{Result, SyncError};
+use crate::skr::access::{AccessSettings, SkrAccess};
+
+/// What this replica knows of one SKR between syncs.
+#[derive(Debug, Default)]
+pub struct SkrState {
+    /// Whether the last sync succeeded, so the next one may trust [`SkrState::memory`] and
+    /// list metadata only.
+    pub warm: bool,
+    /// Hash of the CRDs last ensured in this SKR.
+    pub crd_hash: Option<u64>,
+    /// Remembered resourceVersions and content hashes per kind.
+    pub memory: BTreeMap<CatalogKind, KindMemory>,
+}
+
+/// A cached SKR access with its sync state.
+pub struct SkrEntry {
+    /// `uid/resourceVersion` of the Secret the access was read from.
+    pub secret_version: String,
+    /// The access; [`SkrAccess::client`] builds the client of one sync.
+    pub access: SkrAccess,
+    /// Sync state; locked for the duration of one sync (the controller never runs two syncs
+    /// of one Kyma at once, so the lock is uncontended).
+    pub state: tokio::sync::Mutex<SkrState>,
+}
+
+/// Builds the access to an SKR from its access Secret. Holds no state of its own: the accesses
+/// it builds are kept, per Kyma, by [`crate::sync::kymas::KymaRecords`].
+pub struct SkrConnector {
+    kcp: Client,
+    namespace: String,
+    settings: AccessSettings,
+    kcp_timeout: std::time::Duration,
+}
+
+/// The version of a Secret that an access depends on: `uid/resourceVersion`.
+pub fn secret_version(meta: &PartialObjectMeta<Secret>) -> String {
+    format!(
+        "{}/{}",
+        meta.metadata.uid.as_deref().unwrap_or_default(),
+        meta.metadata.resource_version.as_deref().unwrap_or_default()
+    )
+}
+
+impl SkrConnector {
+    /// A connector that reads access Secrets from `namespace` in the KCP, every read bounded by
+    /// `kcp_timeout`, and builds accesses with `settings`.
+    pub fn new(kcp: Client, namespace: String, settings: AccessSettings, kcp_timeout: std::time::Duration) -> Self {
+        Self { kcp, namespace, settings, kcp_timeout }
+    }
+
+    /// Reads the access Secret `secret` names and builds the access it grants, with an empty
+    /// sync state.
+    ///
+    /// # Errors
+    /// [`SyncError::ReadAccessSecret`] or [`SyncError::AccessSecretInvalid`].
+    pub async fn connect(&self, secret: &PartialObjectMeta<Secret>) -> Result<SkrEntry> {
+        let version = secret_version(secret);
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        let secrets = Api::<Secret>::namespaced(self.kcp.clone(), &self.namespace);
+        let full = crate::kcp::bounded(self.kcp_timeout, secrets.get(&name))
+            .await
+            .map_err(|source| SyncError::ReadAccessSecret { name: name.clone(), source: Box::new(source) })?;
+        let access = SkrAccess::from_secret(&full, &self.settings)?;
+        Ok(SkrEntry { secret_version: version, access, state: tokio::sync::Mutex::default() })
+    }
+}

@@ -1,0 +1,301 @@
+//! What this replica knows of each Kyma it syncs, in one place: failures in a row (for
+//! backoff), the fingerprint of the catalog last synced to its SKR, whether it is requeued for a
+//! catalog change and not yet synced (the queue depth of its shard), and the access to its SKR
+//! with that SKR's sync state. One record per Kyma, under one lock, so forgetting a Kyma
+//! forgets all of it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PartialObjectMeta;
+
+use crate::error::Result;
+use crate::metrics::{EvictionReason, SkrClientMetrics, SyncMetrics};
+use crate::skr::connector::secret_version;
+use crate::skr::{SkrConnector, SkrEntry};
+
+/// The records of the Kymas this replica syncs, keyed by Kyma name.
+pub struct KymaRecords {
+    inner: Mutex<Records>,
+    sync_metrics: SyncMetrics,
+    skr_metrics: SkrClientMetrics,
+}
+
+#[derive(Default)]
+struct Records {
+    by_kyma: HashMap<String, Record>,
+    /// Requeued Kymas per shard (the shard's queue depth).
+    pending_per_shard: HashMap<u32, usize>,
+}
+
+/// What is known of one Kyma.
+#[derive(Default)]
+struct Record {
+    /// Failed syncs in a row.
+    failures: u32,
+    /// Fingerprint of the catalog last synced successfully.
+    synced: Option<u64>,
+    /// The shard of the Kyma while it is requeued for a catalog change and not yet synced.
+    pending: Option<u32>,
+    /// The access to its SKR, with the SKR's sync state.
+    skr: Option<Arc<SkrEntry>>,
+}
+
+impl Record {
+    fn is_empty(&self) -> bool {
+        self.failures == 0 && self.synced.is_none() && self.pending.is_none() && self.skr.is_none()
+    }
+}
+
+/// The queue depth of one shard after a change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Depth {
+    /// Shard.
+    pub shard: u32,
+    /// Pending Kymas in it.
+    pub depth: usize,
+}
+
+impl Records {
+    fn record(&mut self, kyma: &str) -> &mut Record {
+        self.by_kyma.entry(kyma.to_owned()).or_default()
+    }
+
+    /// Applies `change` to the record of `kyma` and drops the record if nothing is left in it.
+    fn change<T>(&mut self, kyma: &str, change: impl FnOnce(&mut Record) -> T) -> T {
+        let record = self.record(kyma);
+        let out = change(record);
+        if record.is_empty() {
+            self.by_kyma.remove(kyma);
+        }
+        out
+    }
+
+    /// Takes `kyma` off its shard's queue, if it was on one; returns the shard's new depth.
+    fn unqueue(&mut self, kyma: &str) -> Option<Depth> {
+        let shard = self.by_kyma.get_mut(kyma)?.pending.take()?;
+        let left = self.pending_per_shard.get(&shard).map_or(0, |n| n.saturating_sub(1));
+        if left == 0 {
+            self.pending_per_shard.remove(&shard);
+        } else {
+            self.pending_per_shard.insert(shard, left);
+        }
+        Some(Depth { shard, depth: left })
+    }
+
+    fn clean(&mut self, kyma: &str) {
+        if self.by_kyma.get(kyma).is_some_and(Record::is_empty) {
+            self.by_kyma.remove(kyma);
+        }
+    }
+
+    fn cached_skrs(&self) -> usize {
+        self.by_kyma.values().filter(|r| r.skr.is_some()).count()
+    }
+}
+
+impl KymaRecords {
+    /// No records yet; queue depths and SKR accesses are reported to these metrics.
+    pub fn new(sync_metrics: SyncMetrics, skr_metrics: SkrClientMetrics) -> Self {
+        Self { inner: Mutex::default(), sync_metrics, skr_metrics }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Records> {
+        // Every critical section leaves the records consistent, so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn report_depth(&self, depth: Option<Depth>) {
+        if let Some(Depth { shard, depth }) = depth {
+            self.sync_metrics.queue_depth(shard, depth);
+        }
+    }
+
+    /// The fingerprint last synced to `kyma`'s SKR, if any.
+    pub fn synced_fingerprint(&self, kyma: &str) -> Option<u64> {
+        self.lock().by_kyma.get(kyma).and_then(|r| r.synced)
+    }
+
+    /// Marks `kyma` (of `shard`) as requeued for a catalog change; returns its shard's queue
+    /// depth.
+    pub fn mark_pending(&self, kyma: &str, shard: u32) -> Depth {
+        let depth = {
+            let mut records = self.lock();
+            records.unqueue(kyma);
+            records.record(kyma).pending = Some(shard);
+            let depth = records.pending_per_shard.entry(shard).or_default();
+            *depth += 1;
+            Depth { shard, depth: *depth }
+        };
+        self.report_depth(Some(depth));
+        depth
+    }
+
+    /// Records the end of a sync of `kyma`: `synced` is the fingerprint it established, or
+    /// `None` when it failed. Takes the Kyma off its shard's queue; returns the new depth.
+    pub fn finish(&self, kyma: &str, synced: Option<u64>) -> Option<Depth> {
+        let depth = {
+            let mut records = self.lock();
+            let depth = records.unqueue(kyma);
+            records.change(kyma, |r| {
+                r.synced = synced;
+                if synced.is_some() {
+                    r.failures = 0;
+                }
+            });
+            depth
+        };
+        self.report_depth(depth);
+        depth
+    }
+
+    /// Counts one more failed sync of `kyma`; returns how many failed in a row.
+    pub fn record_failure(&self, kyma: &str) -> u32 {
+        self.lock().change(kyma, |r| {
+            r.failures = r.failures.saturating_add(1);
+            r.failures
+        })
+    }
+
+    /// Forgets the progress of `kyma` (failures, synced fingerprint, its place in the queue) and
+    /// keeps its SKR access. Returns its shard's new queue depth.
+    pub fn forget_progress(&self, kyma: &str) -> Option<Depth> {
+        let depth = {
+            let mut records = self.lock();
+            let depth = records.unqueue(kyma);
+            if let Some(r) = records.by_kyma.get_mut(kyma) {
+                r.failures = 0;
+                r.synced = None;
+            }
+            records.clean(kyma);
+            depth
+        };
+        self.report_depth(depth);
+        depth
+    }
+
+    /// Forgets everything of `kyma`, its SKR access included (counted as an eviction for
+    /// `reason`).
+    pub fn forget(&self, kyma: &str, reason: EvictionReason) {
+        self.forget_progress(kyma);
+        self.evict_skr(kyma, reason);
+    }
+
+    /// The access to `kyma`'s SKR for the access Secret `secret`: the one kept for this Secret
+    /// version, or a new one from `connector` (which then replaces any older one).
+    ///
+    /// # Errors
+    /// Those of [`SkrConnector::connect`].
+    pub async fn skr(
+        &self,
+        kyma: &str,
+        secret: &PartialObjectMeta<Secret>,
+        connector: &SkrConnector,
+    ) -> Result<Arc<SkrEntry>> {
+        let version = secret_version(secret);
+        let kept = self.lock().by_kyma.get(kyma).and_then(|r| r.skr.clone());
+        if let Some(entry) = kept.filter(|e| e.secret_version == version) {
+            return Ok(entry);
+        }
+        let entry = Arc::new(connector.connect(secret).await?);
+        let (replaced, cached) = {
+            let mut records = self.lock();
+            let replaced = records.record(kyma).skr.replace(Arc::clone(&entry)).is_some();
+            (replaced, records.cached_skrs())
+        };
+        if replaced {
+            self.skr_metrics.evicted(EvictionReason::SecretChanged);
+        }
+        self.skr_metrics.cached_clients(cached);
+        Ok(entry)
+    }
+
+    /// Drops the access to `kyma`'s SKR, counting why.
+    pub fn evict_skr(&self, kyma: &str, reason: EvictionReason) {
+        let (evicted, cached) = {
+            let mut records = self.lock();
+            let evicted = records.by_kyma.get_mut(kyma).and_then(|r| r.skr.take()).is_some();
+            records.clean(kyma);
+            (evicted, records.cached_skrs())
+        };
+        if evicted {
+            self.skr_metrics.evicted(reason);
+            self.skr_metrics.cached_clients(cached);
+        }
+    }
+
+    /// Number of Kymas with a record.
+    pub fn len(&self) -> usize {
+        self.lock().by_kyma.len()
+    }
+
+    /// Whether no Kyma has a record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    fn records() -> KymaRecords {
+        let metrics = Metrics::new().expect("metrics");
+        KymaRecords::new(metrics.sync.clone(), metrics.skr.clone())
+    }
+
+    #[test]
+    fn queue_depth_per_shard() {
+        let book = records();
+        assert_eq!(book.mark_pending("a", 1).depth, 1);
+        assert_eq!(book.mark_pending("b", 1).depth, 2);
+        assert_eq!(book.mark_pending("c", 2).depth, 1);
+        // Requeued again, or moved to another shard: counted once, where it is now.
+        assert_eq!(book.mark_pending("a", 1).depth, 2);
+        assert_eq!(book.mark_pending("b", 2).depth, 2);
+        assert_eq!(book.finish("a", Some(7)).map(|d| (d.shard, d.depth)), Some((1, 0)));
+        assert_eq!(book.synced_fingerprint("a"), Some(7));
+        assert_eq!(book.forget_progress("b").map(|d| (d.shard, d.depth)), Some((2, 1)));
+        assert!(book.finish("a", None).is_none(), "not pending any more");
+        assert_eq!(book.finish("c", None).map(|d| (d.shard, d.depth)), Some((2, 0)));
+    }
+
+    #[test]
+    fn forget_drops_everything_kept_of_a_kyma() {
+        let book = records();
+        book.mark_pending("gone", 3);
+        book.mark_pending("other", 3);
+        assert_eq!(book.record_failure("gone"), 1);
+        assert_eq!(book.record_failure("gone"), 2);
+        book.finish("synced", Some(9));
+        book.mark_pending("synced", 3);
+
+        // Its shard's depth drops by one, and nothing of it is left.
+        assert_eq!(book.forget_progress("gone").map(|d| (d.shard, d.depth)), Some((3, 2)));
+        assert!(!book.lock().by_kyma.contains_key("gone"), "no record left");
+        assert_eq!(book.synced_fingerprint("gone"), None);
+        assert_eq!(book.record_failure("gone"), 1, "a Kyma re-created under the name starts afresh");
+
+        // A synced, pending Kyma: fingerprint and pending entry go; forgetting twice is a no-op.
+        assert_eq!(book.forget_progress("synced").map(|d| (d.shard, d.depth)), Some((3, 1)));
+        assert_eq!(book.synced_fingerprint("synced"), None);
+        assert!(book.forget_progress("synced").is_none(), "not pending any more");
+        assert!(book.forget_progress("never-seen").is_none());
+        assert_eq!(book.forget_progress("other").map(|d| (d.shard, d.depth)), Some((3, 0)));
+        assert!(!book.lock().pending_per_shard.contains_key(&3), "no stuck depth");
+        book.forget("gone", EvictionReason::Deleted);
+        assert!(book.is_empty(), "every record is gone");
+    }
+
+    #[test]
+    fn a_failed_sync_keeps_the_failure_count_and_a_success_clears_it() {
+        let book = records();
+        book.record_failure("k");
+        book.finish("k", None);
+        assert_eq!(book.record_failure("k"), 2);
+        book.finish("k", Some(1));
+        assert_eq!(book.record_failure("k"), 1);
+    }
+}
