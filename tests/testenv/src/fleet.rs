@@ -145,11 +145,13 @@ impl Fleet {
     }
 
     /// The sharding flags of the tests: `--shards <shards> --lease-namespace <ns>
-    /// --lease-duration 6s` ([`super::sharded::LEASE_DURATION`]) `--renew-deadline 4s --retry-period 1s` (Leases in the scenario
-    /// namespace, where `deploy/rbac/` grants them).
+    /// --lease-duration 6s --renew-deadline 4s --retry-period 1s`
+    /// ([`super::sharded::LEASE_DURATION`], [`super::sharded::RETRY_PERIOD`]), with the Leases
+    /// in the scenario namespace, where `deploy/rbac/` grants them.
     pub fn sharding_args(&self, shards: u32) -> Vec<String> {
         let lease_duration = format!("{}s", super::sharded::LEASE_DURATION.as_secs());
-        let args = ["--lease-duration", &lease_duration, "--renew-deadline", "4s", "--retry-period", "1s"];
+        let retry_period = format!("{}s", super::sharded::RETRY_PERIOD.as_secs());
+        let args = ["--lease-duration", &lease_duration, "--renew-deadline", "4s", "--retry-period", &retry_period];
         let mut out =
             vec!["--shards".to_owned(), shards.to_string(), "--lease-namespace".to_owned(), self.ns().to_owned()];
         out.extend(args.iter().map(|s| (*s).to_owned()));

@@ -18,6 +18,8 @@ use super::scenario::{MT, mrm, mt};
 
 /// `--lease-duration` of the replicas (see [`Fleet::sharding_args`]).
 pub const LEASE_DURATION: Duration = Duration::from_secs(6);
+/// `--retry-period` of the replicas: how often a replica renews its member Lease.
+pub const RETRY_PERIOD: Duration = Duration::from_secs(1);
 /// How long a fleet may take to converge: every shard held, every Kyma synced.
 pub const CONVERGE: Duration = Duration::from_secs(60);
 
