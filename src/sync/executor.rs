@@ -23,7 +23,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
-use crate::catalog::render::{CopyDigest, is_subset};
+use crate::catalog::render::CopyDigest;
+use crate::catalog::verify::{AfterApply, CrdCheck, CrdState, after_apply, crd_check, crd_state};
 use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Orphan, Plan, plan};
 use crate::error::{Result, SyncError};
 use crate::metrics::{SkrClientMetrics, SkrVerb};
@@ -205,7 +206,7 @@ impl SkrTarget<'_> {
         if !state.warm {
             report.setup_writes += self.ensure_namespace().await?;
         }
-        if !state.warm || state.crd_hash != Some(crds.hash) {
+        if crd_check(state.warm, state.crd_hash, crds.hash) != CrdCheck::Skip {
             report.setup_writes += self.ensure_crds(crds).await?;
             state.crd_hash = Some(crds.hash);
         }
@@ -307,8 +308,8 @@ impl SkrTarget<'_> {
     /// SKR admin added under another field manager survive it. The apply asks for the result's
     /// metadata only (the copy itself is about 30 KB): when `catalog-sync` is its only field
     /// manager, it holds exactly the desired copy. Otherwise the object is read in full, and
-    /// when it still differs from the desired copy it is replaced to drop the foreign fields.
-    /// Returns the new resourceVersion.
+    /// when it still differs from the desired copy it is replaced to drop the foreign fields
+    /// ([`after_apply`] decides). Returns the new resourceVersion.
     async fn apply_one(&self, kind: CatalogKind, obj: &DesiredObject) -> Result<String> {
         let wrap = |source| SyncError::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
         let build = |e| wrap(kube::Error::BuildRequest(e));
@@ -321,7 +322,8 @@ impl SkrTarget<'_> {
         let res = self.bounded(self.client.json::<MetaOnly>(request)).await;
         self.metrics.request(SkrVerb::Apply, &res);
         let applied = res.map_err(wrap)?.metadata;
-        if applied.managed_fields.iter().all(|f| f.manager == SKR_FIELD_MANAGER) {
+        let managers = || applied.managed_fields.iter().map(|f| f.manager.as_str());
+        if after_apply(managers(), None, &obj.digest) == AfterApply::OnlyOurs {
             return Ok(applied.resource_version);
         }
         let request = copies.get(&obj.name, &GetParams::default()).map_err(build)?;
@@ -329,7 +331,7 @@ impl SkrTarget<'_> {
         self.metrics.request(SkrVerb::Get, &res);
         let current = res.map_err(wrap)?;
         let observed = serde_json::to_value(&current).unwrap_or_default();
-        if CopyDigest::of(&observed).holds(&obj.digest) {
+        if after_apply(managers(), Some(&CopyDigest::of(&observed)), &obj.digest) != AfterApply::Replace {
             return Ok(current.resource_version().unwrap_or_default());
         }
         self.check_ownership()?;
@@ -419,8 +421,8 @@ impl SkrTarget<'_> {
         Ok(1)
     }
 
-    /// Writes each catalog CRD that is missing in the SKR or differs from the KCP's. Returns
-    /// the number of writes.
+    /// Writes each catalog CRD that is missing in the SKR or differs from the KCP's
+    /// ([`crd_state`]). Returns the number of writes.
     async fn ensure_crds(&self, crds: &SkrCrds) -> Result<usize> {
         let definitions = Request::new(CustomResourceDefinition::url_path(&(), None));
         let mut writes = 0;
@@ -436,11 +438,7 @@ impl SkrTarget<'_> {
                 Err(err) if is_not_found(&err) => None,
                 Err(err) => return Err(wrap(err)),
             };
-            let up_to_date = current.as_ref().is_some_and(|have| {
-                is_subset(&body["spec"], &have["spec"])
-                    && is_subset(&body["metadata"]["labels"], &have["metadata"]["labels"])
-            });
-            if up_to_date {
+            if crd_state(body, current.as_ref()) == CrdState::Current {
                 continue;
             }
             let request = definitions.patch(name, &apply_params(), &Patch::Apply(&**body)).map_err(build)?;
