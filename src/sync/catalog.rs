@@ -432,6 +432,115 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::from_millis(1500) + DEBOUNCE);
     }
 
+    /// A context whose KCP client answers nothing: the catalog loop without a shrink guard
+    /// makes no KCP request.
+    fn offline_context(catalog: watch::Receiver<Arc<CatalogState>>) -> Arc<Context> {
+        use kube::runtime::events::{Recorder, Reporter};
+
+        let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+            Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("no KCP in this test"))
+        });
+        let kcp = Client::new(service, "default");
+        let metrics = crate::metrics::Metrics::new().expect("metrics");
+        let settings = crate::sync::reconciler::Settings {
+            sync_namespace: crate::fixtures::SYNC_NAMESPACE.to_owned(),
+            restricted_modules: BTreeSet::new(),
+            resync_period: Duration::from_secs(600),
+            resync_jitter: 0.1,
+            skr_concurrency: 4,
+            skr_request_timeout: Duration::from_secs(3),
+            sync_timeout: Duration::from_secs(60),
+            backoff_min: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(300),
+            kcp_request_timeout: Duration::from_secs(5),
+        };
+        let (secrets, _) = reflector::store();
+        Arc::new(Context {
+            pool: crate::skr::SkrPool::new(
+                kcp.clone(),
+                crate::fixtures::KCP_NAMESPACE.to_owned(),
+                crate::skr::access::AccessSettings::new("catalogsync/test", Duration::from_secs(5)),
+                Duration::from_secs(5),
+                metrics.skr.clone(),
+            ),
+            recorder: Recorder::new(kcp.clone(), Reporter { controller: "catalogsync".into(), instance: None }),
+            kcp,
+            settings,
+            metrics,
+            catalog,
+            secrets: crate::skr::AccessSecrets::new(secrets),
+            shards: crate::sharding::ShardView::single_replica(),
+            full_lists: tokio::sync::Semaphore::new(1),
+            book: crate::sync::reconciler::Book::default(),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn changes_within_the_debounce_window_publish_once_after_it() {
+        use crate::fixtures::{MrmBuilder, MtBuilder};
+        use kube::runtime::watcher::Event;
+
+        // Catalog stores, listed (empty) as a watch would.
+        let mut templates = reflector::store::Writer::new(CatalogKind::ModuleTemplate.api_resource());
+        let mut release_metas = reflector::store::Writer::new(CatalogKind::ModuleReleaseMeta.api_resource());
+        let mut crd_writers: Vec<reflector::store::Writer<CustomResourceDefinition>> =
+            (0..2).map(|_| reflector::store::Writer::default()).collect();
+        for writer in [&mut templates, &mut release_metas] {
+            writer.apply_watcher_event(&Event::Init);
+            writer.apply_watcher_event(&Event::InitDone);
+        }
+        for writer in &mut crd_writers {
+            writer.apply_watcher_event(&Event::Init);
+            writer.apply_watcher_event(&Event::InitDone);
+        }
+        let stores = CatalogStores {
+            templates: templates.as_reader(),
+            release_metas: release_metas.as_reader(),
+            crds: crd_writers.iter().map(reflector::store::Writer::as_reader).collect(),
+            guard: None,
+        };
+        let (kymas, _kyma_writer) = reflector::store::<Kyma>();
+        let (publish, mut published) = watch::channel(Arc::new(CatalogState::default()));
+        let (requeue, _requeued) = mpsc::channel(16);
+        let ctx = offline_context(publish.subscribe());
+        let (tx, rx) = unbounded();
+        tokio::spawn(run_catalog_loop(rx, stores, kymas, publish, requeue, ctx, DEBOUNCE));
+
+        // The first state (the empty catalog) is published at once.
+        let start = Instant::now();
+        published.changed().await.expect("a first state");
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert!(published.borrow_and_update().snapshot.templates.is_empty());
+
+        // Three changes, 100 ms apart: within the debounce window of each other.
+        let changes = [
+            MtBuilder::new("btp", "1.0.0").build(),
+            MtBuilder::new("btp", "1.1.0").build(),
+            MrmBuilder::new("btp").channel("regular", "1.1.0").channel("fast", "1.0.0").build(),
+        ];
+        let burst = Instant::now();
+        for (i, object) in changes.iter().enumerate() {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let writer = if i < 2 { &mut templates } else { &mut release_metas };
+            writer.apply_watcher_event(&Event::Apply(object.clone()));
+            tx.unbounded_send(()).expect("the loop runs");
+        }
+
+        // One publish, a debounce period after the last change, with all three.
+        published.changed().await.expect("a second state");
+        assert_eq!(burst.elapsed(), Duration::from_millis(200) + DEBOUNCE);
+        {
+            let state = published.borrow_and_update();
+            assert_eq!(state.snapshot.templates.len(), 2);
+            assert_eq!(state.snapshot.release_metas.len(), 1);
+        }
+        // And nothing more.
+        let more = tokio::time::timeout(Duration::from_secs(60), published.changed()).await;
+        assert!(more.is_err(), "published again without a change");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_loop_ends_with_its_changes() {
         let (tx, mut rx) = unbounded::<()>();
