@@ -760,6 +760,91 @@ mod tests {
         assert_eq!(metrics.requests(SkrVerb::Delete, RequestResult::Error), 1);
     }
 
+    /// The desired copy of a KCP ModuleTemplate, as a snapshot renders it.
+    fn desired_copy() -> (DesiredObject, Value) {
+        let kcp = crate::fixtures::MtBuilder::new("btp-operator", "1.1.0").label("team", "sap").build();
+        let copy = crate::catalog::render::render_copy(&kcp, CatalogKind::ModuleTemplate, "kyma-system");
+        let (body, hash) = crate::catalog::serialize_copy(&copy);
+        let digest = Arc::new(CopyDigest::of(&copy));
+        (DesiredObject { name: "btp-operator-1.1.0".to_owned(), digest, body, hash }, copy)
+    }
+
+    #[tokio::test]
+    async fn an_apply_is_a_forced_server_side_apply_of_the_copy_asking_for_metadata_only() {
+        use http_body_util::BodyExt as _;
+
+        let (service, mut handle) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let client = SkrClient::new(kube::Client::new(service, "default"), 1 << 20);
+        let metrics = SkrClientMetrics::register(&prometheus::Registry::new()).expect("metrics");
+        let full_lists = tokio::sync::Semaphore::new(1);
+        let may_write = || true;
+        let target = SkrTarget {
+            client: &client,
+            namespace: "kyma-system",
+            concurrency: 1,
+            request_timeout: Duration::from_secs(5),
+            metrics: &metrics,
+            may_write: &may_write,
+            full_lists: &full_lists,
+        };
+        let (object, copy) = desired_copy();
+
+        // The SKR answers as an apiserver does to an apply of an object only catalog-sync
+        // manages, so no other request follows.
+        let skr = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.expect("an apply");
+            let answer = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {
+                "name": "btp-operator-1.1.0", "namespace": "kyma-system", "resourceVersion": "7",
+                "managedFields": [{"manager": SKR_FIELD_MANAGER, "operation": "Apply"}]}});
+            respond.send_response(
+                http::Response::builder()
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(kube::client::Body::from(answer.to_string().into_bytes()))
+                    .expect("a response"),
+            );
+            let (parts, body) = request.into_parts();
+            let body = body.collect().await.expect("the body").to_bytes();
+            (parts, body, handle)
+        });
+        let resource_version = target.apply_one(CatalogKind::ModuleTemplate, &object).await.expect("applied");
+        assert_eq!(resource_version, "7");
+        let (request, body, mut handle) = skr.await.expect("the SKR");
+
+        assert_eq!(request.method, http::Method::PATCH);
+        assert_eq!(
+            request.uri.path(),
+            "/apis/operator.kyma-project.io/v1beta2/namespaces/kyma-system/moduletemplates/btp-operator-1.1.0"
+        );
+        let query: BTreeMap<String, String> = request
+            .uri
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| {
+                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                (key.to_owned(), value.to_owned())
+            })
+            .collect();
+        let expected = [("fieldManager", "catalog-sync"), ("force", "true")];
+        assert_eq!(query, expected.map(|(k, v)| (k.to_owned(), v.to_owned())).into(), "{:?}", request.uri);
+        let header = |name: http::header::HeaderName| request.headers.get(name).and_then(|v| v.to_str().ok());
+        assert_eq!(header(http::header::CONTENT_TYPE), Some("application/apply-patch+yaml"));
+        assert_eq!(
+            header(http::header::ACCEPT),
+            Some("application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"),
+            "the answer's metadata only"
+        );
+        assert_eq!(&body[..], object.body.json().get().as_bytes(), "the copy's bytes as serialized once");
+        assert_eq!(serde_json::from_slice::<Value>(&body).expect("JSON"), copy);
+
+        // Nothing else was sent.
+        drop(client);
+        let more = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
+        assert!(matches!(more, Ok(None)), "an unexpected request");
+    }
+
     #[test]
     fn full_lists_digest_each_item_with_its_metadata() {
         let mut copy = item("m-1", "7", &[SKR_FIELD_MANAGER]);
