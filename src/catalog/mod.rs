@@ -7,7 +7,8 @@
 //!                      observed SKR objects + remembered writes ──plan()──▶ Plan
 //! ```
 //!
-//! Nothing here holds a `Client`; `sync::executor` performs a `Plan`.
+//! Nothing here holds a `Client`; `sync::executor` performs a `Plan`, and asks [`verify`] what
+//! the SKR's answers mean (replace a copy after its apply, check and write a CRD).
 
 pub mod desired;
 pub mod guard;
@@ -15,6 +16,7 @@ pub mod plan;
 pub mod render;
 pub mod selector;
 pub mod snapshot;
+pub mod verify;
 
 pub use desired::{DesiredObject, DesiredSet, Filtered, Profile, ProfileCache, Warning, WarningReason, desired_set};
 pub use plan::{KindMemory, Observed, Orphan, Plan, plan};

@@ -372,3 +372,116 @@ impl Agent {
         info!("Released all shards");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http_body_util::BodyExt as _;
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+    use crate::api::shard_lease_name;
+    use crate::sharding::lease::{new_shard, with_desired};
+
+    const NAMESPACE: &str = "kcp-system";
+    const RETRY: Duration = Duration::from_secs(2);
+
+    /// One request the KCP saw: when, its method and its path.
+    type Seen = (Instant, http::Method, String);
+
+    /// A KCP that accepts every Lease write (echoing it with a new resourceVersion) and
+    /// reports each request.
+    fn kcp() -> (kube::Client, mpsc::UnboundedReceiver<Seen>) {
+        let (seen, requests) = mpsc::unbounded_channel();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let seen = seen.clone();
+            async move {
+                let _ = seen.send((Instant::now(), request.method().clone(), request.uri().path().to_owned()));
+                let body = request.into_body().collect().await?.to_bytes();
+                let mut lease: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                lease["metadata"]["resourceVersion"] = "2".into();
+                let response = http::Response::builder()
+                    .status(200)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(kube::client::Body::from(lease.to_string().into_bytes()))
+                    .expect("a response");
+                Ok::<_, kube::Error>(response)
+            }
+        });
+        (kube::Client::new(service, NAMESPACE), requests)
+    }
+
+    /// An unheld shard Lease the coordinator assigned to `desired`.
+    fn offered(shard: u32, desired: &str) -> Lease {
+        let mut lease = with_desired(&new_shard(shard, NAMESPACE), desired, Timestamp::now());
+        lease.metadata.uid = Some(format!("uid-{shard}"));
+        lease.metadata.resource_version = Some("1".to_owned());
+        lease
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_agent_acts_every_retry_period_and_at_once_on_a_lease_change() {
+        let (client, mut requests) = kcp();
+        let (leases, mut lease_writer) = reflector::store::<Lease>();
+        let (kymas, _kyma_writer) = reflector::store::<Kyma>();
+        let view = ShardView::new(2);
+        view.renewed(Instant::now(), Duration::from_secs(3600));
+        let timing = Timing {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: RETRY,
+            drain_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(3),
+            kcp_request_timeout: Duration::from_secs(5),
+        };
+        let (requeue, _requeued) = mpsc::channel(16);
+        let agent = Agent {
+            api: Api::namespaced(client, NAMESPACE),
+            identity: "a".to_owned(),
+            nonce: "n-1".to_owned(),
+            predecessors: crate::sharding::membership::Predecessors::default(),
+            view: view.clone(),
+            timing,
+            leases,
+            kymas,
+            requeue,
+            on_release: Arc::new(|_| {}),
+            metrics: Metrics::new().expect("metrics"),
+            debug: watch::channel(ShardsDebug::default()).0,
+            heartbeat: crate::health::Heartbeat::new("shard agent", Duration::from_secs(60)),
+        };
+        let (changed, lease_changes) = watch::channel(());
+        let token = CancellationToken::new();
+        let start = Instant::now();
+        tokio::spawn(agent.run(lease_changes, token.clone(), CancellationToken::new()));
+
+        // A shard offered here while the agent waits, with no Lease change announced: it is
+        // claimed at the next retry period.
+        tokio::task::yield_now().await;
+        lease_writer.apply_watcher_event(&Event::Apply(offered(0, "a")));
+        let (at, method, path) = requests.recv().await.expect("a claim");
+        assert_eq!(
+            (at - start, method, path.rsplit('/').next()),
+            (RETRY, http::Method::PUT, Some("catalogsync-shard-0"))
+        );
+        assert!(path.starts_with(&format!("/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/")), "{path}");
+        assert!(view.is_active(0));
+
+        // A Lease change mid-period: acted on at once, not at the next period.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let announced = Instant::now();
+        lease_writer.apply_watcher_event(&Event::Apply(offered(1, "a")));
+        changed.send_replace(());
+        let (at, method, path) = requests.recv().await.expect("a claim");
+        assert_eq!((at, method), (announced, http::Method::PUT));
+        assert_eq!(path.rsplit('/').next(), Some(shard_lease_name(1).as_str()));
+        assert!(view.is_active(1));
+
+        // Nothing left to do: the periodic ticks write nothing.
+        let more = tokio::time::timeout(RETRY * 5, requests.recv()).await;
+        assert!(more.is_err(), "an unexpected request: {more:?}");
+        token.cancel();
+    }
+}

@@ -2,7 +2,8 @@
 //! every shard Lease's desired holder equal to the consistent-hash assignment over the live
 //! members, and releases shards whose holder's member Lease expired. It resumes from the
 //! Leases alone: a new coordinator computes the same assignment and moves nothing that is
-//! well placed.
+//! well placed. What to write is decided by the pure [`updates`]; this module observes the
+//! Leases, confirms each forced takeover with a fresh read, and writes.
 //!
 //! Liveness is judged by [`Liveness`]: by when this replica observed member Leases change, on
 //! its own monotonic clock, never by comparing another node's wall clock with its own. For a
@@ -14,7 +15,7 @@
 //! recreated (by hand) is not assigned before the drain timeout plus the SKR request timeout
 //! have passed, so whatever its old holder still had in flight has ended.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -30,10 +31,10 @@ use tracing::{info, warn};
 
 use crate::api::{Kyma, member_lease_name};
 use crate::metrics::ShardMetrics;
-use crate::sharding::handover::may_force_release;
+use crate::sharding::handover::LeaseState;
 use crate::sharding::lease::{self, is_member, is_shard, new_shard, released, shard_number, with_desired};
 use crate::sharding::liveness::Liveness;
-use crate::sharding::ring::assign;
+use crate::sharding::placement::{Assignment, Observation, updates};
 use crate::sharding::{ShardView, Timing};
 
 /// The shard Leases among `all` of shards below `shards`, by shard number (Leases of higher
@@ -95,10 +96,6 @@ impl Observed {
         }
     }
 
-    fn is_settled(&self, now: Instant) -> bool {
-        now >= self.settling_until
-    }
-
     /// Notes the UID of each shard Lease; one that changed (deleted and recreated) cools down
     /// for `cool` before it may be assigned.
     fn note_shard_uids(&mut self, shard_leases: &BTreeMap<u32, Arc<Lease>>, now: Instant, cool: std::time::Duration) {
@@ -116,10 +113,6 @@ impl Observed {
             }
         }
         self.cooling_until.retain(|_, until| now < *until);
-    }
-
-    fn is_cooling(&self, shard: u32) -> bool {
-        self.cooling_until.contains_key(&shard)
     }
 }
 
@@ -207,14 +200,26 @@ impl Coordinator {
         all
     }
 
-    /// One coordination pass over the cached Leases.
+    /// One coordination pass over the cached Leases: [`updates`] decides, this writes.
     async fn pass(&self, all: &[Arc<Lease>], observed: &mut Observed) {
         let now = Timestamp::now();
         let clock = Instant::now();
         let live = observed.liveness.live(clock);
         self.metrics.live_members(live.len());
         let shard_leases = shard_leases(all, self.view.shards());
-        for shard in (0..self.view.shards()).filter(|s| !shard_leases.contains_key(s)) {
+        let states: BTreeMap<u32, LeaseState> = shard_leases.iter().map(|(s, l)| (*s, lease::state(l))).collect();
+        let cooling: BTreeSet<u32> = observed.cooling_until.keys().copied().collect();
+        let plan = updates(
+            &Observation {
+                shards: self.view.shards(),
+                leases: &states,
+                live: &live,
+                settling_until: observed.settling_until,
+                cooling: &cooling,
+            },
+            clock,
+        );
+        for shard in plan.create {
             let ns = self.api.namespace().unwrap_or_default().to_owned();
             let (params, lease) = (PostParams::default(), new_shard(shard, &ns));
             match crate::kcp::bounded(self.timing.kcp_request_timeout, self.api.create(&params, &lease)).await {
@@ -226,42 +231,37 @@ impl Coordinator {
         if live.is_empty() {
             return;
         }
-        let current: BTreeMap<u32, String> = shard_leases
-            .iter()
-            .filter_map(|(shard, l)| {
-                let st = lease::state(l);
-                let pick = [st.desired, st.holder].into_iter().find(|m| live.contains(m))?;
-                Some((*shard, pick))
-            })
-            .collect();
-        let target = assign(self.view.shards(), &live, &current);
-        let settled = observed.is_settled(clock);
-        for (shard, l) in &shard_leases {
-            let st = lease::state(l);
-            let want = target.get(shard).cloned().unwrap_or_default();
-            // Until settled after a lapse, only shards nobody holds are assigned; a recreated
-            // shard Lease waits until its old holder's requests have ended. No holder counts
-            // as dead before it was observed for a lease duration (see `Liveness`).
-            let reassign = st.desired != want && (settled || st.holder.is_empty()) && !observed.is_cooling(*shard);
-            let force = settled
-                && may_force_release(&st.holder, observed.liveness.is_alive(&st.holder, clock))
-                && self.confirmed_dead(&st.holder, &mut observed.liveness).await;
-            if !reassign && !force {
+        for update in plan.leases {
+            let Some(l) = shard_leases.get(&update.shard) else { continue };
+            let shard = update.shard;
+            // A forced takeover needs a fresh read of the holder's member Lease (the cache may
+            // lag). A read earlier in this pass may already have shown that holder alive.
+            let force = match &update.release {
+                Some(holder) => {
+                    !observed.liveness.is_alive(holder, clock)
+                        && self.confirmed_dead(holder, &mut observed.liveness).await
+                }
+                None => false,
+            };
+            if update.assign.is_none() && !force {
                 continue;
             }
-            let mut next = if reassign { with_desired(l, &want, now) } else { (**l).clone() };
+            let mut next = match &update.assign {
+                Some(assignment) => with_desired(l, &assignment.to, now),
+                None => (**l).clone(),
+            };
             if force {
                 next = released(&next, now);
             }
             match lease::write(&self.api, &next, self.timing.kcp_request_timeout).await {
                 Ok(_) => {
-                    if reassign {
+                    if let Some(Assignment { from, to }) = &update.assign {
                         self.metrics.assigned();
-                        info!(shard, from = %st.desired, to = %want, "Assigned shard");
+                        info!(shard, from = %from, to = %to, "Assigned shard");
                     }
-                    if force {
+                    if let (true, Some(holder)) = (force, &update.release) {
                         self.metrics.forced_takeover();
-                        warn!(shard, holder = %st.holder, "Released shard of a replica whose member Lease expired");
+                        warn!(shard, holder = %holder, "Released shard of a replica whose member Lease expired");
                     }
                 }
                 Err(error) => warn!(shard, error = &error as &dyn std::error::Error, "Failed to update shard Lease"),

@@ -5,6 +5,7 @@
 //! - [`handover`]: the pure transition rules of one shard;
 //! - [`view`]: the ownership gate the sync path checks;
 //! - [`liveness`]: the coordinator's pure judgement of which members are alive;
+//! - [`placement`]: the coordinator's pure decision of which shard Leases to create and change;
 //! - [`lease`], [`membership`], [`agent`], [`coordinator`]: the Lease I/O.
 //!
 //! See `docs/architecture.md` for the protocol and why it never lets two replicas write to
@@ -16,6 +17,7 @@ pub mod handover;
 pub mod lease;
 pub mod liveness;
 pub mod membership;
+pub mod placement;
 pub mod ring;
 pub mod table;
 pub mod view;

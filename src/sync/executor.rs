@@ -23,7 +23,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
-use crate::catalog::render::{CopyDigest, is_subset};
+use crate::catalog::render::CopyDigest;
+use crate::catalog::verify::{AfterApply, CrdCheck, CrdState, after_apply, crd_check, crd_state};
 use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Orphan, Plan, plan};
 use crate::error::{Result, SyncError};
 use crate::metrics::{SkrClientMetrics, SkrVerb};
@@ -205,7 +206,7 @@ impl SkrTarget<'_> {
         if !state.warm {
             report.setup_writes += self.ensure_namespace().await?;
         }
-        if !state.warm || state.crd_hash != Some(crds.hash) {
+        if crd_check(state.warm, state.crd_hash, crds.hash) != CrdCheck::Skip {
             report.setup_writes += self.ensure_crds(crds).await?;
             state.crd_hash = Some(crds.hash);
         }
@@ -307,8 +308,8 @@ impl SkrTarget<'_> {
     /// SKR admin added under another field manager survive it. The apply asks for the result's
     /// metadata only (the copy itself is about 30 KB): when `catalog-sync` is its only field
     /// manager, it holds exactly the desired copy. Otherwise the object is read in full, and
-    /// when it still differs from the desired copy it is replaced to drop the foreign fields.
-    /// Returns the new resourceVersion.
+    /// when it still differs from the desired copy it is replaced to drop the foreign fields
+    /// ([`after_apply`] decides). Returns the new resourceVersion.
     async fn apply_one(&self, kind: CatalogKind, obj: &DesiredObject) -> Result<String> {
         let wrap = |source| SyncError::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
         let build = |e| wrap(kube::Error::BuildRequest(e));
@@ -321,7 +322,8 @@ impl SkrTarget<'_> {
         let res = self.bounded(self.client.json::<MetaOnly>(request)).await;
         self.metrics.request(SkrVerb::Apply, &res);
         let applied = res.map_err(wrap)?.metadata;
-        if applied.managed_fields.iter().all(|f| f.manager == SKR_FIELD_MANAGER) {
+        let managers = || applied.managed_fields.iter().map(|f| f.manager.as_str());
+        if after_apply(managers(), None, &obj.digest) == AfterApply::OnlyOurs {
             return Ok(applied.resource_version);
         }
         let request = copies.get(&obj.name, &GetParams::default()).map_err(build)?;
@@ -329,7 +331,7 @@ impl SkrTarget<'_> {
         self.metrics.request(SkrVerb::Get, &res);
         let current = res.map_err(wrap)?;
         let observed = serde_json::to_value(&current).unwrap_or_default();
-        if CopyDigest::of(&observed).holds(&obj.digest) {
+        if after_apply(managers(), Some(&CopyDigest::of(&observed)), &obj.digest) != AfterApply::Replace {
             return Ok(current.resource_version().unwrap_or_default());
         }
         self.check_ownership()?;
@@ -419,8 +421,8 @@ impl SkrTarget<'_> {
         Ok(1)
     }
 
-    /// Writes each catalog CRD that is missing in the SKR or differs from the KCP's. Returns
-    /// the number of writes.
+    /// Writes each catalog CRD that is missing in the SKR or differs from the KCP's
+    /// ([`crd_state`]). Returns the number of writes.
     async fn ensure_crds(&self, crds: &SkrCrds) -> Result<usize> {
         let definitions = Request::new(CustomResourceDefinition::url_path(&(), None));
         let mut writes = 0;
@@ -436,11 +438,7 @@ impl SkrTarget<'_> {
                 Err(err) if is_not_found(&err) => None,
                 Err(err) => return Err(wrap(err)),
             };
-            let up_to_date = current.as_ref().is_some_and(|have| {
-                is_subset(&body["spec"], &have["spec"])
-                    && is_subset(&body["metadata"]["labels"], &have["metadata"]["labels"])
-            });
-            if up_to_date {
+            if crd_state(body, current.as_ref()) == CrdState::Current {
                 continue;
             }
             let request = definitions.patch(name, &apply_params(), &Patch::Apply(&**body)).map_err(build)?;
@@ -760,6 +758,91 @@ mod tests {
         let (result, _, _, metrics) = prune_with(&client, &Plan { prune, ..Plan::default() }).await;
         assert!(matches!(&result, Err(SyncError::PruneSkrObject { name, .. }) if name == "broken"), "{result:?}");
         assert_eq!(metrics.requests(SkrVerb::Delete, RequestResult::Error), 1);
+    }
+
+    /// The desired copy of a KCP ModuleTemplate, as a snapshot renders it.
+    fn desired_copy() -> (DesiredObject, Value) {
+        let kcp = crate::fixtures::MtBuilder::new("btp-operator", "1.1.0").label("team", "sap").build();
+        let copy = crate::catalog::render::render_copy(&kcp, CatalogKind::ModuleTemplate, "kyma-system");
+        let (body, hash) = crate::catalog::serialize_copy(&copy);
+        let digest = Arc::new(CopyDigest::of(&copy));
+        (DesiredObject { name: "btp-operator-1.1.0".to_owned(), digest, body, hash }, copy)
+    }
+
+    #[tokio::test]
+    async fn an_apply_is_a_forced_server_side_apply_of_the_copy_asking_for_metadata_only() {
+        use http_body_util::BodyExt as _;
+
+        let (service, mut handle) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let client = SkrClient::new(kube::Client::new(service, "default"), 1 << 20);
+        let metrics = SkrClientMetrics::register(&prometheus::Registry::new()).expect("metrics");
+        let full_lists = tokio::sync::Semaphore::new(1);
+        let may_write = || true;
+        let target = SkrTarget {
+            client: &client,
+            namespace: "kyma-system",
+            concurrency: 1,
+            request_timeout: Duration::from_secs(5),
+            metrics: &metrics,
+            may_write: &may_write,
+            full_lists: &full_lists,
+        };
+        let (object, copy) = desired_copy();
+
+        // The SKR answers as an apiserver does to an apply of an object only catalog-sync
+        // manages, so no other request follows.
+        let skr = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.expect("an apply");
+            let answer = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {
+                "name": "btp-operator-1.1.0", "namespace": "kyma-system", "resourceVersion": "7",
+                "managedFields": [{"manager": SKR_FIELD_MANAGER, "operation": "Apply"}]}});
+            respond.send_response(
+                http::Response::builder()
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(kube::client::Body::from(answer.to_string().into_bytes()))
+                    .expect("a response"),
+            );
+            let (parts, body) = request.into_parts();
+            let body = body.collect().await.expect("the body").to_bytes();
+            (parts, body, handle)
+        });
+        let resource_version = target.apply_one(CatalogKind::ModuleTemplate, &object).await.expect("applied");
+        assert_eq!(resource_version, "7");
+        let (request, body, mut handle) = skr.await.expect("the SKR");
+
+        assert_eq!(request.method, http::Method::PATCH);
+        assert_eq!(
+            request.uri.path(),
+            "/apis/operator.kyma-project.io/v1beta2/namespaces/kyma-system/moduletemplates/btp-operator-1.1.0"
+        );
+        let query: BTreeMap<String, String> = request
+            .uri
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| {
+                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                (key.to_owned(), value.to_owned())
+            })
+            .collect();
+        let expected = [("fieldManager", "catalog-sync"), ("force", "true")];
+        assert_eq!(query, expected.map(|(k, v)| (k.to_owned(), v.to_owned())).into(), "{:?}", request.uri);
+        let header = |name: http::header::HeaderName| request.headers.get(name).and_then(|v| v.to_str().ok());
+        assert_eq!(header(http::header::CONTENT_TYPE), Some("application/apply-patch+yaml"));
+        assert_eq!(
+            header(http::header::ACCEPT),
+            Some("application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"),
+            "the answer's metadata only"
+        );
+        assert_eq!(&body[..], object.body.json().get().as_bytes(), "the copy's bytes as serialized once");
+        assert_eq!(serde_json::from_slice::<Value>(&body).expect("JSON"), copy);
+
+        // Nothing else was sent.
+        drop(client);
+        let more = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
+        assert!(matches!(more, Ok(None)), "an unexpected request");
     }
 
     #[test]

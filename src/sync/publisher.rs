@@ -251,6 +251,8 @@ mod tests {
     use std::time::Duration;
 
     use futures::channel::mpsc::{UnboundedSender, unbounded};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::runtime::reflector;
     use tokio::time::Instant;
 
     use super::*;
@@ -308,6 +310,84 @@ mod tests {
         let wake = next_wake(&mut rx, DEBOUNCE, Some(start + Duration::from_millis(400))).await;
         assert!(matches!(wake, Wake::Changed(Settled::Quiet)));
         assert_eq!(start.elapsed(), Duration::from_millis(1500) + DEBOUNCE);
+    }
+
+    /// What the loop sees of a replica: no KCP at all, no shrink guard.
+    fn offline_context() -> PublisherContext {
+        let metrics = crate::metrics::Metrics::new().expect("metrics");
+        PublisherContext {
+            view: crate::sharding::ShardView::single_replica(),
+            kymas: Arc::new(KymaRecords::new(metrics.sync.clone(), metrics.skr.clone())),
+            metrics,
+            sync_namespace: crate::fixtures::SYNC_NAMESPACE.to_owned(),
+            restricted_modules: BTreeSet::new(),
+            guard: None,
+            debounce: DEBOUNCE,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn changes_within_the_debounce_window_publish_once_after_it() {
+        use crate::fixtures::{MrmBuilder, MtBuilder};
+        use kube::runtime::watcher::Event;
+
+        // Catalog stores, listed (empty) as a watch would.
+        let mut templates = reflector::store::Writer::new(CatalogKind::ModuleTemplate.api_resource());
+        let mut release_metas = reflector::store::Writer::new(CatalogKind::ModuleReleaseMeta.api_resource());
+        let mut crd_writers: Vec<reflector::store::Writer<CustomResourceDefinition>> =
+            (0..2).map(|_| reflector::store::Writer::default()).collect();
+        for writer in [&mut templates, &mut release_metas] {
+            writer.apply_watcher_event(&Event::Init);
+            writer.apply_watcher_event(&Event::InitDone);
+        }
+        for writer in &mut crd_writers {
+            writer.apply_watcher_event(&Event::Init);
+            writer.apply_watcher_event(&Event::InitDone);
+        }
+        let stores = CatalogStores {
+            templates: templates.as_reader(),
+            release_metas: release_metas.as_reader(),
+            crds: crd_writers.iter().map(reflector::store::Writer::as_reader).collect(),
+        };
+        let (kymas, _kyma_writer) = reflector::store::<Kyma>();
+        let (publish, mut published) = watch::channel(Arc::new(CatalogState::default()));
+        let (requeue, _requeued) = mpsc::channel(16);
+        let (tx, rx) = unbounded();
+        tokio::spawn(run_catalog_loop(rx, stores, kymas, publish, requeue, offline_context()));
+
+        // The first state (the empty catalog) is published at once.
+        let start = Instant::now();
+        published.changed().await.expect("a first state");
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert!(published.borrow_and_update().snapshot.templates.is_empty());
+
+        // Three changes, 100 ms apart: within the debounce window of each other.
+        let changes = [
+            MtBuilder::new("btp", "1.0.0").build(),
+            MtBuilder::new("btp", "1.1.0").build(),
+            MrmBuilder::new("btp").channel("regular", "1.1.0").channel("fast", "1.0.0").build(),
+        ];
+        let burst = Instant::now();
+        for (i, object) in changes.iter().enumerate() {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let writer = if i < 2 { &mut templates } else { &mut release_metas };
+            writer.apply_watcher_event(&Event::Apply(object.clone()));
+            tx.unbounded_send(()).expect("the loop runs");
+        }
+
+        // One publish, a debounce period after the last change, with all three.
+        published.changed().await.expect("a second state");
+        assert_eq!(burst.elapsed(), Duration::from_millis(200) + DEBOUNCE);
+        {
+            let state = published.borrow_and_update();
+            assert_eq!(state.snapshot.templates.len(), 2);
+            assert_eq!(state.snapshot.release_metas.len(), 1);
+        }
+        // And nothing more.
+        let more = tokio::time::timeout(Duration::from_secs(60), published.changed()).await;
+        assert!(more.is_err(), "published again without a change");
     }
 
     #[tokio::test(start_paused = true)]
