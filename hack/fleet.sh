@@ -12,7 +12,8 @@
 #
 # Builds catalogsync and the harness with the release profile (FLEET_PROFILE=debug for a
 # debug build, as CI's smoke run does) and kube-apiserver/etcd through hack/k8s-bins.sh.
-# Files, logs and the report (report.md) go to ~/.cache/catalogsync/fleet by default.
+# Files, logs and the report (report.md, and its rows as report.json) go to
+# ~/.cache/catalogsync/fleet by default.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -29,27 +29,18 @@ use super::invariants::{InvariantInput, InvariantOptions};
 use super::process::free_port;
 use super::proxy::{TcpProxy, kubeconfig_via, local};
 use super::runner::{Catalogsync, catalogsync_bin};
-use super::scenario::Scenario;
+use super::scenario::{FAST_TIMINGS, Scenario};
 use super::{CATALOGSYNC_GROUPS, CATALOGSYNC_USER, env, write_kubeconfig};
 
 /// How long [`Fleet::terminate`] waits for a replica to exit after SIGTERM.
 pub const TERMINATE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Flags every replica gets before its own: fast test timings as `Scenario::start`, with an
-/// SKR request timeout that fits [`Fleet::sharding_args`] (renew deadline + SKR request
-/// timeout must not exceed the lease duration).
-pub const REPLICA_BASE_ARGS: &[&str] = &[
-    "--catalog-debounce",
-    "200ms",
-    "--backoff-min",
-    "500ms",
-    "--backoff-max",
-    "3s",
-    "--skr-request-timeout",
-    "2s",
-    "--sync-timeout",
-    "15s",
-];
+/// Flags every replica gets before its own: [`FAST_TIMINGS`], with an SKR request timeout
+/// that fits [`Fleet::sharding_args`] (renew deadline + SKR request timeout must not exceed the
+/// lease duration).
+pub fn replica_base_args() -> Vec<String> {
+    FAST_TIMINGS.iter().chain(&["--skr-request-timeout", "2s"]).map(|s| (*s).to_owned()).collect()
+}
 
 /// How many Kymas [`Fleet::new`] creates at once.
 const CREATE_CONCURRENCY: usize = 8;
@@ -108,7 +99,7 @@ impl Fleet {
         let mut fleet = Self {
             scenario,
             kymas: Vec::new(),
-            base_args: REPLICA_BASE_ARGS.iter().map(|s| (*s).to_owned()).collect(),
+            base_args: replica_base_args(),
             skr_audit_logs: Vec::new(),
             replicas: BTreeMap::new(),
             retired: Vec::new(),

@@ -70,6 +70,11 @@ pub fn labelled(mut body: Value, key: &str, value: &str) -> Value {
     body
 }
 
+/// The timings of every catalogsync the tests run, faster than the defaults: catalog debounce,
+/// backoff and the bound of one sync.
+pub const FAST_TIMINGS: &[&str] =
+    &["--catalog-debounce", "200ms", "--backoff-min", "500ms", "--backoff-max", "3s", "--sync-timeout", "15s"];
+
 /// A running scenario.
 pub struct Scenario {
     /// KCP namespace of Kymas, Secrets and catalog.
@@ -293,16 +298,8 @@ impl Scenario {
             &addr,
             "--identity",
             &self.ns,
-            "--catalog-debounce",
-            "200ms",
-            "--backoff-min",
-            "500ms",
-            "--backoff-max",
-            "3s",
             "--skr-request-timeout",
             "3s",
-            "--sync-timeout",
-            "15s",
             "--lease-namespace",
             &self.ns,
             "--shards",
@@ -316,6 +313,7 @@ impl Scenario {
             "--drain-timeout",
             "3s",
         ];
+        args.extend_from_slice(FAST_TIMINGS);
         // The test SKRs listen on loopback, which the default (`public`) refuses; a test may
         // give its own list instead.
         if !extra.iter().any(|a| a.starts_with("--skr-allowed-destinations")) {
