@@ -23,7 +23,7 @@ use crate::http::{self, HttpState};
 use crate::metrics::{EvictionReason, Metrics};
 use crate::sharding::ShardView;
 use crate::sharding::agent::{Agent, ShardsDebug};
-use crate::sharding::coordinator::Coordinator;
+use crate::sharding::coordinator::{Coordinator, UnownedShards};
 use crate::sharding::{Timing, membership};
 use crate::skr::destination::{Destinations, Rule};
 use crate::skr::kubeconfig::InsecureTls;
@@ -257,6 +257,8 @@ pub async fn run_with(
     .instrument(info_span!("membership"));
     let (debug_tx, debug_rx) = watch::channel(ShardsDebug::default());
     metrics.observe_shards(debug_rx.clone()).map_err(AppError::Metrics)?;
+    let (unowned_tx, unowned_rx) = watch::channel(UnownedShards::default());
+    metrics.observe_unowned(unowned_rx, kyma_store.clone(), view.clone()).map_err(AppError::Metrics)?;
     let released = Arc::clone(&kymas);
     let agent_task = Agent {
         api: lease_api.clone(),
@@ -291,10 +293,10 @@ pub async fn run_with(
         ),
         api: lease_api,
         leases: lease_store,
-        kymas: kyma_store.clone(),
         view: view.clone(),
         timing,
         metrics: metrics.shard.clone(),
+        unowned: unowned_tx,
     }
     .run(lease_changed_rx, shutdown.clone())
     .instrument(info_span!("coordinator"));

@@ -11,13 +11,14 @@
 
 pub mod labels;
 pub mod shards;
+pub mod unowned;
 
 use std::time::Instant;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 use tokio::sync::watch;
 
@@ -25,11 +26,15 @@ pub use labels::{
     EvictionReason, HandoverOp, ObjectOp, ReachableState, RenewalResult, RequestResult, SkipReason, SkrVerb, SyncResult,
 };
 
+use crate::api::Kyma;
 use crate::catalog::{CatalogKind, WarningReason};
 use crate::error::ConditionReason;
 use crate::label::Label;
+use crate::sharding::ShardView;
 use crate::sharding::agent::ShardsDebug;
+use crate::sharding::coordinator::UnownedShards;
 use crate::sync::condition::ConditionStatus;
+use kube::runtime::reflector::Store;
 
 /// Buckets of the sync duration histogram: a warm no-op sync is a few milliseconds, a cold
 /// sync of a large catalog a few seconds, a timeout tens of seconds.
@@ -119,6 +124,20 @@ impl Metrics {
     /// Fails when called twice on one registry.
     pub fn observe_shards(&self, shards: watch::Receiver<ShardsDebug>) -> prometheus::Result<()> {
         self.registry.register(Box::new(shards::ShardCollector::new(shards)?))
+    }
+
+    /// Computes `catalogsync_unowned_clusters` and `catalogsync_unowned_oldest_seconds` at each
+    /// scrape from what the coordinator publishes and the Kymas of `kymas`.
+    ///
+    /// # Errors
+    /// Fails when called twice on one registry.
+    pub fn observe_unowned(
+        &self,
+        unowned: watch::Receiver<UnownedShards>,
+        kymas: Store<Kyma>,
+        view: ShardView,
+    ) -> prometheus::Result<()> {
+        self.registry.register(Box::new(unowned::UnownedCollector::new(unowned, kymas, view)?))
     }
 
     /// Counts a shard ownership change of `shard`. A shard taken (`claimed`, `resumed`) gets
@@ -588,10 +607,6 @@ pub struct ShardMetrics {
     assignments: IntCounter,
     /// `catalogsync_shard_forced_takeovers_total`.
     forced_takeovers: IntCounter,
-    /// `catalogsync_unowned_clusters`.
-    unowned_clusters: IntGauge,
-    /// `catalogsync_unowned_oldest_seconds`.
-    unowned_oldest: Gauge,
     /// `catalogsync_is_coordinator`.
     is_coordinator: IntGauge,
     /// `catalogsync_member_fenced`.
@@ -645,20 +660,6 @@ impl ShardMetrics {
                 IntCounter::new(
                     "catalogsync_shard_forced_takeovers_total",
                     "Shards the coordinator released because their holder's member Lease had expired.",
-                ),
-            )?,
-            unowned_clusters: register(
-                r,
-                IntGauge::new(
-                    "catalogsync_unowned_clusters",
-                    "SKRs whose shard has no live holder (coordinator only; 0 elsewhere).",
-                ),
-            )?,
-            unowned_oldest: register(
-                r,
-                Gauge::new(
-                    "catalogsync_unowned_oldest_seconds",
-                    "Age of the oldest shard without a live holder, in seconds (coordinator only; 0 elsewhere).",
                 ),
             )?,
             is_coordinator: register(
@@ -728,13 +729,6 @@ impl ShardMetrics {
     /// Counts a shard the coordinator released because its holder's member Lease expired.
     pub fn forced_takeover(&self) {
         self.forced_takeovers.inc();
-    }
-
-    /// Reports the SKRs whose shard has no live holder, and how long the oldest such shard
-    /// has been without one (the coordinator's view; zeros elsewhere).
-    pub fn unowned(&self, clusters: usize, oldest_seconds: f64) {
-        self.unowned_clusters.set(count(clusters));
-        self.unowned_oldest.set(oldest_seconds);
     }
 
     /// Reports whether this replica is the coordinator.

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::{Kyma, member_lease_name};
+use crate::api::member_lease_name;
 use crate::metrics::ShardMetrics;
 use crate::sharding::handover::LeaseState;
 use crate::sharding::lease::{self, is_member, is_shard, new_shard, released, shard_number, with_desired};
@@ -55,14 +55,22 @@ pub struct Coordinator {
     pub api: Api<Lease>,
     /// Lease cache.
     pub leases: Store<Lease>,
-    /// Kyma cache (for the unowned-SKR figures).
-    pub kymas: Store<Kyma>,
     /// Ownership gate (for the shard mapping).
     pub view: ShardView,
     /// Timings.
     pub timing: Timing,
     /// Metrics.
     pub metrics: ShardMetrics,
+    /// Where the coordinator publishes the shards without a live holder and since when (empty
+    /// while it does not lead); the unowned-SKR gauges are computed from it at scrape time.
+    pub unowned: watch::Sender<UnownedShards>,
+}
+
+/// The shards without a live holder, each with since when, as the coordinator last saw them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnownedShards {
+    /// Shard to the instant it was first seen without a live holder.
+    pub since: BTreeMap<u32, Instant>,
 }
 
 /// What the coordinator loop observes of the Leases, whether it leads or not, so that a
@@ -160,8 +168,8 @@ impl Coordinator {
             if leading {
                 self.pass(&all, &mut observed).await;
             } else {
-                self.metrics.unowned(0, 0.0);
                 observed.unowned_since.clear();
+                self.unowned.send_if_modified(|u| !std::mem::take(&mut u.since).is_empty());
             }
             let wait = next_renew.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(10));
             tokio::select! {
@@ -303,13 +311,12 @@ impl Coordinator {
         for s in &unowned {
             unowned_since.entry(*s).or_insert(now);
         }
-        let clusters = self
-            .kymas
-            .state()
-            .iter()
-            .filter(|k| unowned.contains(&self.view.shard_of(&k.namespace().unwrap_or_default(), &k.name_any())))
-            .count();
-        let oldest = unowned_since.values().map(|t| now.duration_since(*t).as_secs_f64()).fold(0.0, f64::max);
-        self.metrics.unowned(clusters, oldest);
+        self.unowned.send_if_modified(|u| {
+            let changed = u.since != *unowned_since;
+            if changed {
+                u.since.clone_from(unowned_since);
+            }
+            changed
+        });
     }
 }
