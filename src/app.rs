@@ -23,7 +23,7 @@ use crate::http::{self, HttpState};
 use crate::metrics::{EvictionReason, Metrics};
 use crate::sharding::ShardView;
 use crate::sharding::agent::{Agent, ShardsDebug};
-use crate::sharding::coordinator::{Coordinator, UnownedShards};
+use crate::sharding::coordinator::{Coordinator, CoordinatorView};
 use crate::sharding::{Timing, membership};
 use crate::skr::destination::{Destinations, Rule};
 use crate::skr::kubeconfig::InsecureTls;
@@ -257,8 +257,8 @@ pub async fn run_with(
     .instrument(info_span!("membership"));
     let (debug_tx, debug_rx) = watch::channel(ShardsDebug::default());
     metrics.observe_shards(debug_rx.clone()).map_err(AppError::Metrics)?;
-    let (unowned_tx, unowned_rx) = watch::channel(UnownedShards::default());
-    metrics.observe_unowned(unowned_rx, kyma_store.clone(), view.clone()).map_err(AppError::Metrics)?;
+    let (coordinator_tx, coordinator_rx) = watch::channel(CoordinatorView::default());
+    metrics.observe_coordinator(coordinator_rx.clone(), kyma_store.clone(), view.clone()).map_err(AppError::Metrics)?;
     let released = Arc::clone(&kymas);
     let agent_task = Agent {
         api: lease_api.clone(),
@@ -277,6 +277,7 @@ pub async fn run_with(
         }),
         metrics: metrics.clone(),
         debug: debug_tx,
+        coordinator: coordinator_rx,
         heartbeat: agent_beat.clone(),
     }
     .run(lease_changed_rx.clone(), shutdown.clone(), shards_released)
@@ -296,7 +297,7 @@ pub async fn run_with(
         view: view.clone(),
         timing,
         metrics: metrics.shard.clone(),
-        unowned: unowned_tx,
+        published: coordinator_tx,
     }
     .run(lease_changed_rx, shutdown.clone())
     .instrument(info_span!("coordinator"));

@@ -9,9 +9,9 @@
 //! `metrics.shard_handover(shard, op)`). Gauges that only restate the shard agent's state
 //! are computed at scrape time ([`shards::ShardCollector`]).
 
+pub mod coordinator;
 pub mod labels;
 pub mod shards;
-pub mod unowned;
 
 use std::time::Instant;
 
@@ -32,7 +32,7 @@ use crate::error::ConditionReason;
 use crate::label::Label;
 use crate::sharding::ShardView;
 use crate::sharding::agent::ShardsDebug;
-use crate::sharding::coordinator::UnownedShards;
+use crate::sharding::coordinator::CoordinatorView;
 use crate::sync::condition::ConditionStatus;
 use kube::runtime::reflector::Store;
 
@@ -126,18 +126,19 @@ impl Metrics {
         self.registry.register(Box::new(shards::ShardCollector::new(shards)?))
     }
 
-    /// Computes `catalogsync_unowned_clusters` and `catalogsync_unowned_oldest_seconds` at each
-    /// scrape from what the coordinator publishes and the Kymas of `kymas`.
+    /// Computes `catalogsync_is_coordinator`, `catalogsync_unowned_clusters` and
+    /// `catalogsync_unowned_oldest_seconds` at each scrape from what the coordinator publishes
+    /// and the Kymas of `kymas`.
     ///
     /// # Errors
     /// Fails when called twice on one registry.
-    pub fn observe_unowned(
+    pub fn observe_coordinator(
         &self,
-        unowned: watch::Receiver<UnownedShards>,
+        coordinator: watch::Receiver<CoordinatorView>,
         kymas: Store<Kyma>,
         view: ShardView,
     ) -> prometheus::Result<()> {
-        self.registry.register(Box::new(unowned::UnownedCollector::new(unowned, kymas, view)?))
+        self.registry.register(Box::new(coordinator::CoordinatorCollector::new(coordinator, kymas, view)?))
     }
 
     /// Counts a shard ownership change of `shard`. A shard taken (`claimed`, `resumed`) gets
@@ -607,8 +608,6 @@ pub struct ShardMetrics {
     assignments: IntCounter,
     /// `catalogsync_shard_forced_takeovers_total`.
     forced_takeovers: IntCounter,
-    /// `catalogsync_is_coordinator`.
-    is_coordinator: IntGauge,
     /// `catalogsync_member_fenced`.
     fenced: IntGauge,
     /// `catalogsync_member_identity_conflict`.
@@ -661,10 +660,6 @@ impl ShardMetrics {
                     "catalogsync_shard_forced_takeovers_total",
                     "Shards the coordinator released because their holder's member Lease had expired.",
                 ),
-            )?,
-            is_coordinator: register(
-                r,
-                IntGauge::new("catalogsync_is_coordinator", "1 when this replica is the coordinator, else 0."),
             )?,
             fenced: register(
                 r,
@@ -729,16 +724,6 @@ impl ShardMetrics {
     /// Counts a shard the coordinator released because its holder's member Lease expired.
     pub fn forced_takeover(&self) {
         self.forced_takeovers.inc();
-    }
-
-    /// Reports whether this replica is the coordinator.
-    pub fn coordinating(&self, leading: bool) {
-        self.is_coordinator.set(i64::from(leading));
-    }
-
-    /// Whether this replica reported itself the coordinator last.
-    pub fn is_coordinator(&self) -> bool {
-        self.is_coordinator.get() == 1
     }
 
     /// Reports whether this replica's SKR writes are fenced.

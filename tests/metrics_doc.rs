@@ -21,7 +21,7 @@ use catalogsync::label::Label;
 use catalogsync::metrics::{HandoverOp, Metrics, RequestResult, SkrVerb, SyncOutcome, SyncResult};
 use catalogsync::sharding::ShardView;
 use catalogsync::sharding::agent::{ShardRow, ShardState, ShardsDebug};
-use catalogsync::sharding::coordinator::UnownedShards;
+use catalogsync::sharding::coordinator::CoordinatorView;
 use prometheus::proto::MetricType;
 
 use testenv::docs;
@@ -76,9 +76,9 @@ fn populated() -> Metrics {
     };
     let (_, view) = tokio::sync::watch::channel(ShardsDebug { rows: vec![held], ..ShardsDebug::default() });
     metrics.observe_shards(view).expect("shard gauges register");
-    let (_, unowned) = tokio::sync::watch::channel(UnownedShards::default());
+    let (_, coordinator) = tokio::sync::watch::channel(CoordinatorView::default());
     let (kymas, _) = kube::runtime::reflector::store();
-    metrics.observe_unowned(unowned, kymas, ShardView::single_replica()).expect("unowned gauges register");
+    metrics.observe_coordinator(coordinator, kymas, ShardView::single_replica()).expect("coordinator gauges register");
     metrics
 }
 

@@ -103,6 +103,8 @@ pub struct Agent {
     pub metrics: Metrics,
     /// Published shard view.
     pub debug: watch::Sender<ShardsDebug>,
+    /// What the coordinator of this replica publishes (whether it leads, for the view).
+    pub coordinator: watch::Receiver<crate::sharding::coordinator::CoordinatorView>,
     /// Beaten every round and before every Lease write.
     pub heartbeat: crate::health::Heartbeat,
 }
@@ -331,7 +333,7 @@ impl Agent {
         // this view at scrape time (`metrics::shards`).
         self.debug.send_replace(ShardsDebug {
             identity: self.identity.clone(),
-            is_coordinator: self.metrics.shard.is_coordinator(),
+            is_coordinator: self.coordinator.borrow().leading,
             fenced: self.view.is_fenced(),
             shards: self.view.shards(),
             rows,
@@ -450,6 +452,7 @@ mod tests {
             on_release: Arc::new(|_| {}),
             metrics: Metrics::new().expect("metrics"),
             debug: watch::channel(ShardsDebug::default()).0,
+            coordinator: watch::channel(crate::sharding::coordinator::CoordinatorView::default()).1,
             heartbeat: crate::health::Heartbeat::new("shard agent", Duration::from_secs(60)),
         };
         let (changed, lease_changes) = watch::channel(());

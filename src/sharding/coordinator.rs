@@ -61,16 +61,20 @@ pub struct Coordinator {
     pub timing: Timing,
     /// Metrics.
     pub metrics: ShardMetrics,
-    /// Where the coordinator publishes the shards without a live holder and since when (empty
-    /// while it does not lead); the unowned-SKR gauges are computed from it at scrape time.
-    pub unowned: watch::Sender<UnownedShards>,
+    /// Where the coordinator publishes whether it leads and which shards it sees without a live
+    /// holder: read by the shard agent (`/debug/shards`) and, at scrape time, by the coordinator
+    /// gauges.
+    pub published: watch::Sender<CoordinatorView>,
 }
 
-/// The shards without a live holder, each with since when, as the coordinator last saw them.
+/// What the coordinator of this replica last saw.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UnownedShards {
-    /// Shard to the instant it was first seen without a live holder.
-    pub since: BTreeMap<u32, Instant>,
+pub struct CoordinatorView {
+    /// Whether this replica leads.
+    pub leading: bool,
+    /// While it leads, the shards without a live holder, each with the instant it was first
+    /// seen without one (empty while it does not lead).
+    pub unowned_since: BTreeMap<u32, Instant>,
 }
 
 /// What the coordinator loop observes of the Leases, whether it leads or not, so that a
@@ -164,12 +168,12 @@ impl Coordinator {
                 observed = Observed::new(self.timing, self.timing.lease_duration);
             }
             let all = self.observe(&mut observed);
-            self.metrics.coordinating(leading);
+            self.publish_leading(leading);
             if leading {
                 self.pass(&all, &mut observed).await;
             } else {
                 observed.unowned_since.clear();
-                self.unowned.send_if_modified(|u| !std::mem::take(&mut u.since).is_empty());
+                self.published.send_if_modified(|v| !std::mem::take(&mut v.unowned_since).is_empty());
             }
             let wait = next_renew.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(10));
             tokio::select! {
@@ -187,7 +191,12 @@ impl Coordinator {
                 Err(error) => warn!(error = &error as &dyn std::error::Error, "Failed to step down as coordinator"),
             }
         }
-        self.metrics.coordinating(false);
+        self.publish_leading(false);
+        self.published.send_if_modified(|v| !std::mem::take(&mut v.unowned_since).is_empty());
+    }
+
+    fn publish_leading(&self, leading: bool) {
+        self.published.send_if_modified(|v| std::mem::replace(&mut v.leading, leading) != leading);
     }
 
     /// Records what the Lease cache shows now; returns the cached Leases.
@@ -311,10 +320,10 @@ impl Coordinator {
         for s in &unowned {
             unowned_since.entry(*s).or_insert(now);
         }
-        self.unowned.send_if_modified(|u| {
-            let changed = u.since != *unowned_since;
+        self.published.send_if_modified(|v| {
+            let changed = v.unowned_since != *unowned_since;
             if changed {
-                u.since.clone_from(unowned_since);
+                v.unowned_since.clone_from(unowned_since);
             }
             changed
         });

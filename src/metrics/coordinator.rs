@@ -1,6 +1,7 @@
-//! Scrape-time gauges of the SKRs without an owner: from the shards the coordinator last saw
-//! without a live holder ([`UnownedShards`]) and the Kymas in the cache now, whenever `/metrics`
-//! is scraped. A replica that does not coordinate publishes no unowned shard, so it reports 0.
+//! Scrape-time gauges of the coordinator: whether this replica leads, and the SKRs without an
+//! owner, from what the coordinator last published ([`CoordinatorView`]) and the Kymas in the
+//! cache now, whenever `/metrics` is scraped. A replica that does not coordinate publishes no
+//! unowned shard, so it reports 0.
 
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
@@ -11,8 +12,9 @@ use tokio::sync::watch;
 
 use crate::api::Kyma;
 use crate::sharding::ShardView;
-use crate::sharding::coordinator::UnownedShards;
+use crate::sharding::coordinator::CoordinatorView;
 
+const LEADING: (&str, &str) = ("catalogsync_is_coordinator", "1 when this replica is the coordinator, else 0.");
 const CLUSTERS: (&str, &str) =
     ("catalogsync_unowned_clusters", "SKRs whose shard has no live holder (coordinator only; 0 elsewhere).");
 const OLDEST: (&str, &str) = (
@@ -20,58 +22,60 @@ const OLDEST: (&str, &str) = (
     "Age of the oldest shard without a live holder, in seconds (coordinator only; 0 elsewhere).",
 );
 
-/// `catalogsync_unowned_clusters` and `catalogsync_unowned_oldest_seconds`.
-pub struct UnownedCollector {
-    unowned: watch::Receiver<UnownedShards>,
+/// `catalogsync_is_coordinator`, `catalogsync_unowned_clusters` and
+/// `catalogsync_unowned_oldest_seconds`.
+pub struct CoordinatorCollector {
+    coordinator: watch::Receiver<CoordinatorView>,
     kymas: Store<Kyma>,
     view: ShardView,
     descs: Vec<Desc>,
 }
 
-fn gauges() -> prometheus::Result<(IntGauge, Gauge)> {
-    Ok((IntGauge::new(CLUSTERS.0, CLUSTERS.1)?, Gauge::new(OLDEST.0, OLDEST.1)?))
+fn gauges() -> prometheus::Result<(IntGauge, IntGauge, Gauge)> {
+    Ok((IntGauge::new(LEADING.0, LEADING.1)?, IntGauge::new(CLUSTERS.0, CLUSTERS.1)?, Gauge::new(OLDEST.0, OLDEST.1)?))
 }
 
-impl UnownedCollector {
+impl CoordinatorCollector {
     /// A collector over what the coordinator publishes, counting the Kymas of `kymas` by their
     /// shard in `view`.
     ///
     /// # Errors
     /// None in practice: the metric names and help texts are valid.
     pub fn new(
-        unowned: watch::Receiver<UnownedShards>,
+        coordinator: watch::Receiver<CoordinatorView>,
         kymas: Store<Kyma>,
         view: ShardView,
     ) -> prometheus::Result<Self> {
-        let (clusters, oldest) = gauges()?;
-        let descs = clusters.desc().into_iter().chain(oldest.desc()).cloned().collect();
-        Ok(Self { unowned, kymas, view, descs })
+        let (leading, clusters, oldest) = gauges()?;
+        let descs = [leading.desc(), clusters.desc(), oldest.desc()].into_iter().flatten().cloned().collect();
+        Ok(Self { coordinator, kymas, view, descs })
     }
 
     fn families(&self) -> prometheus::Result<Vec<MetricFamily>> {
-        let (clusters, oldest) = gauges()?;
-        let unowned = self.unowned.borrow();
-        if !unowned.since.is_empty() {
+        let (leading, clusters, oldest) = gauges()?;
+        let published = self.coordinator.borrow();
+        leading.set(i64::from(published.leading));
+        let unowned = &published.unowned_since;
+        if !unowned.is_empty() {
             let n = self
                 .kymas
                 .state()
                 .iter()
                 .filter(|k| {
                     let shard = self.view.shard_of(&k.namespace().unwrap_or_default(), &k.name_any());
-                    unowned.since.contains_key(&shard)
+                    unowned.contains_key(&shard)
                 })
                 .count();
             clusters.set(i64::try_from(n).unwrap_or(i64::MAX));
             let now = tokio::time::Instant::now();
-            let age =
-                unowned.since.values().map(|t| now.saturating_duration_since(*t).as_secs_f64()).fold(0.0, f64::max);
+            let age = unowned.values().map(|t| now.saturating_duration_since(*t).as_secs_f64()).fold(0.0, f64::max);
             oldest.set(age);
         }
-        Ok(clusters.collect().into_iter().chain(oldest.collect()).collect())
+        Ok([leading.collect(), clusters.collect(), oldest.collect()].into_iter().flatten().collect())
     }
 }
 
-impl Collector for UnownedCollector {
+impl Collector for CoordinatorCollector {
     fn desc(&self) -> Vec<&Desc> {
         self.descs.iter().collect()
     }
@@ -80,7 +84,7 @@ impl Collector for UnownedCollector {
         match self.families() {
             Ok(families) => families,
             Err(error) => {
-                tracing::warn!(error = &error as &dyn std::error::Error, "Failed to compute the unowned-SKR gauges");
+                tracing::warn!(error = &error as &dyn std::error::Error, "Failed to compute the coordinator gauges");
                 Vec::new()
             }
         }
@@ -103,7 +107,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn counts_the_kymas_of_unowned_shards_at_scrape_time() {
+    async fn leadership_and_the_kymas_of_unowned_shards_are_read_at_scrape_time() {
         let view = ShardView::new(4);
         let (kymas, mut writer) = reflector::store::<Kyma>();
         writer.apply_watcher_event(&Event::Init);
@@ -114,24 +118,27 @@ mod tests {
             writer.apply_watcher_event(&Event::InitApply(k));
         }
         writer.apply_watcher_event(&Event::InitDone);
-        let (tx, rx) = watch::channel(UnownedShards::default());
-        let collector = UnownedCollector::new(rx, kymas, view.clone()).expect("collector");
+        let (tx, rx) = watch::channel(CoordinatorView::default());
+        let collector = CoordinatorCollector::new(rx, kymas, view.clone()).expect("collector");
 
         let families = collector.collect();
+        assert_eq!(value(&families, LEADING.0), 0.0, "not leading");
         assert_eq!(value(&families, CLUSTERS.0), 0.0, "nothing unowned");
         assert_eq!(value(&families, OLDEST.0), 0.0);
 
         let since = tokio::time::Instant::now();
-        tx.send_replace(UnownedShards { since: [(1, since)].into() });
+        tx.send_replace(CoordinatorView { leading: true, unowned_since: [(1, since)].into() });
         tokio::time::advance(Duration::from_secs(3)).await;
         let in_shard_1 = names.iter().filter(|n| view.shard_of("kcp-system", n) == 1).count();
         let families = collector.collect();
+        assert_eq!(value(&families, LEADING.0), 1.0);
         assert_eq!(value(&families, CLUSTERS.0), in_shard_1 as f64);
         assert_eq!(value(&families, OLDEST.0), 3.0);
 
         // The coordinator steps down: nothing is unowned in its view any more.
-        tx.send_replace(UnownedShards::default());
+        tx.send_replace(CoordinatorView::default());
         let families = collector.collect();
-        assert_eq!((value(&families, CLUSTERS.0), value(&families, OLDEST.0)), (0.0, 0.0));
+        let values = [LEADING.0, CLUSTERS.0, OLDEST.0].map(|name| value(&families, name));
+        assert_eq!(values, [0.0, 0.0, 0.0]);
     }
 }
