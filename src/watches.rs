@@ -43,7 +43,7 @@ pub fn kymas(
     (store, changes)
 }
 
-/// The access Secrets of `namespace` (metadata only, trimmed by [`trim_secret`]): their index by
+/// The access Secrets of `namespace` (metadata only; annotations dropped, see `trim_secret`): their index by
 /// Kyma, their store (to know when it is complete), and the stream of the Kymas whose Secret
 /// changed. A failing watch is logged and retried with backoff.
 pub fn access_secrets(

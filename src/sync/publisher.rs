@@ -1,6 +1,7 @@
-//! Watches the KCP catalog (ModuleTemplates, ModuleReleaseMetas and their CRDs), rebuilds
-//! the [`Snapshot`] after a burst of changes has settled, and requeues exactly the owned
-//! Kymas whose desired catalog changed.
+//! The catalog publisher: from the KCP catalog stores (ModuleTemplates, ModuleReleaseMetas and
+//! their CRDs, filled by [`crate::watches::catalog`]), rebuilds the
+//! [`Snapshot`](crate::catalog::Snapshot) after a burst of changes has settled, publishes it,
+//! and requeues exactly the owned Kymas whose desired catalog changed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

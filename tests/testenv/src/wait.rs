@@ -32,7 +32,7 @@ impl<T> Outcome for Option<T> {
 /// the value. The check runs at least once, also with a zero timeout.
 ///
 /// # Errors
-/// "timed out after Xs waiting for <description>".
+/// `"timed out after Xs waiting for <description>"`.
 pub async fn wait_until<F, Fut, R>(timeout: Duration, description: &str, mut check: F) -> anyhow::Result<R::Output>
 where
     F: FnMut() -> Fut,
@@ -51,7 +51,7 @@ where
     }
 }
 
-/// [`wait_until`] for tests: panics with "timed out after Xs waiting for <description>".
+/// [`wait_until`] for tests: panics with `"timed out after Xs waiting for <description>"`.
 ///
 /// ```ignore
 /// let mt = await_condition(Duration::from_secs(10), "btp-operator-1.1.0 in skr-a", || async {
