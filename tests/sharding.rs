@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use catalogsync::api::member_lease_name;
 use catalogsync::sharding::ring::shard_of;
 use catalogsync::sharding::table;
 use testenv::fleet::{Fleet, holders};
@@ -108,6 +109,12 @@ async fn scale_out_and_in_moves_only_the_moved_shards() {
         .expect("change");
     let back = holders(&f.await_converged(&["r1", "r2", "r3"]).await);
     let scale_in = started.elapsed();
+    // The leaving replica marked its member Lease as left rather than deleting it, so no
+    // coordinator can miss that it left; the coordinator deletes it a lease duration later.
+    testenv::await_condition(LEASE_DURATION + PROMPT, "the coordinator to delete r4's member Lease", || async {
+        matches!(f.leases().get_opt(&member_lease_name("r4")).await, Ok(None))
+    })
+    .await;
     let moved_in: Vec<u32> = (0..SHARDS).filter(|s| four[s] != back[s]).collect();
     assert!(moved_in.iter().all(|s| four[s] == "r4"), "shards moved between staying replicas: {moved_in:?}");
     f.await_everywhere("keda-1.2.0").await;

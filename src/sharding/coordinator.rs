@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 use kube_leader_election::{LeaseLock, LeaseLockResult};
@@ -77,6 +77,20 @@ pub struct CoordinatorView {
     pub unowned_since: BTreeMap<u32, Instant>,
 }
 
+/// The member Leases marked as left at least `after` before `now`, each with the
+/// resourceVersion seen: the ones to delete.
+fn left_to_delete(
+    left_since: &BTreeMap<String, (Instant, String)>,
+    now: Instant,
+    after: std::time::Duration,
+) -> Vec<(String, String)> {
+    left_since
+        .iter()
+        .filter(|(_, (since, _))| now.saturating_duration_since(*since) >= after)
+        .map(|(name, (_, version))| (name.clone(), version.clone()))
+        .collect()
+}
+
 /// What the coordinator loop observes of the Leases, whether it leads or not, so that a
 /// replica elected coordinator already knows which members renewed lately. Started afresh
 /// when the replica starts and after a lapse of its own member Lease (its cache may have
@@ -94,6 +108,8 @@ struct Observed {
     cooling_until: BTreeMap<u32, Instant>,
     /// Since when each shard has had no live holder (while leading).
     unowned_since: BTreeMap<u32, Instant>,
+    /// Member Leases marked as left: since when, and the resourceVersion last seen.
+    left_since: BTreeMap<String, (Instant, String)>,
 }
 
 impl Observed {
@@ -105,6 +121,7 @@ impl Observed {
             shard_uids: BTreeMap::new(),
             cooling_until: BTreeMap::new(),
             unowned_since: BTreeMap::new(),
+            left_since: BTreeMap::new(),
         }
     }
 
@@ -212,6 +229,13 @@ impl Coordinator {
         for identity in left.iter().filter_map(|l| lease::member_identity(l)) {
             observed.liveness.left(identity);
         }
+        let left_now: BTreeMap<String, String> =
+            left.iter().map(|l| (l.name_any(), l.resource_version().unwrap_or_default())).collect();
+        observed.left_since.retain(|name, _| left_now.contains_key(name));
+        for (name, version) in left_now {
+            let entry = observed.left_since.entry(name).or_insert((clock, String::new()));
+            entry.1 = version;
+        }
         let shard_leases = shard_leases(&all, self.view.shards());
         observed.note_shard_uids(&shard_leases, clock, self.timing.drain_timeout + self.timing.request_timeout);
         all
@@ -285,6 +309,28 @@ impl Coordinator {
             }
         }
         self.record_unowned(&shard_leases, &live, &mut observed.unowned_since);
+        self.delete_left(observed, clock).await;
+    }
+
+    /// Deletes the member Leases that have been marked as left for a lease duration: every
+    /// replica's coordinator loop has seen them by then. Each delete applies only to the
+    /// version seen, so a Lease taken over meanwhile by a new process of that identity stays.
+    async fn delete_left(&self, observed: &mut Observed, now: Instant) {
+        for (name, version) in left_to_delete(&observed.left_since, now, self.timing.lease_duration) {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions { resource_version: Some(version), uid: None }),
+                ..DeleteParams::default()
+            };
+            match crate::kcp::bounded(self.timing.kcp_request_timeout, self.api.delete(&name, &params)).await {
+                Ok(_) => info!(lease = %name, "Deleted the member Lease of a replica that left"),
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(error) => {
+                    warn!(lease = %name, error = &error as &dyn std::error::Error, "Failed to delete a member Lease");
+                    continue;
+                }
+            }
+            observed.left_since.remove(&name);
+        }
     }
 
     /// Re-reads a holder's member Lease before its shards are taken (the cache may lag):
@@ -327,5 +373,30 @@ impl Coordinator {
             }
             changed
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_left_member_lease_is_deleted_a_lease_duration_after_it_was_first_seen_left() {
+        let lease_duration = Duration::from_secs(15);
+        let first = Instant::now();
+        let left: BTreeMap<String, (Instant, String)> = [
+            ("catalogsync-member-a".to_owned(), (first, "7".to_owned())),
+            ("catalogsync-member-b".to_owned(), (first + Duration::from_secs(10), "9".to_owned())),
+        ]
+        .into();
+        assert!(left_to_delete(&left, first + Duration::from_secs(14), lease_duration).is_empty());
+        assert_eq!(
+            left_to_delete(&left, first + lease_duration, lease_duration),
+            [("catalogsync-member-a".to_owned(), "7".to_owned())],
+            "the version seen goes with it, as the delete's precondition"
+        );
+        assert_eq!(left_to_delete(&left, first + Duration::from_secs(30), lease_duration).len(), 2);
     }
 }

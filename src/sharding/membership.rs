@@ -1,5 +1,5 @@
-//! This replica's member Lease: created on start, renewed every retry period, deleted on
-//! shutdown after the shard Leases were released. Each successful renewal extends the
+//! This replica's member Lease: created on start, renewed every retry period, marked as left
+//! on shutdown after the shard Leases were released (the coordinator deletes it later). Each successful renewal extends the
 //! [`ShardView`] fence deadline to "request sent + renew deadline"; a replica that cannot
 //! renew stops writing on its own.
 //!
@@ -8,12 +8,13 @@
 //! manifest, `POD_NAME` unset on two replicas) therefore cannot renew the Lease the first one
 //! holds: it stays fenced, not ready, and says why, and takes the Lease over only once it has
 //! seen it unchanged for a lease duration (the first process is gone). A process restarted
-//! after a crash waits the same way for its predecessor's Lease.
+//! after a crash waits the same way for its predecessor's Lease; one restarted after a clean
+//! shutdown takes over a Lease marked as left at once.
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -23,7 +24,7 @@ use tracing::{error, info, warn};
 
 use crate::api::{CONFIG_LEASE, MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION, member_lease_name};
 use crate::metrics::{RenewalResult, ShardMetrics};
-use crate::sharding::lease::{member_version, new_config, new_member, recorded_shards};
+use crate::sharding::lease::{member_left, member_version, new_config, new_member, recorded_shards};
 use crate::sharding::liveness::Liveness;
 use crate::sharding::{ShardView, Timing};
 
@@ -96,7 +97,8 @@ pub fn new_nonce() -> String {
 
 impl Member {
     /// Renews the member Lease until `token` is cancelled; then waits (bounded) until
-    /// `shards_released` is cancelled, and deletes the Lease if it is still this process's.
+    /// `shards_released` is cancelled, and marks the Lease as left if it is still this
+    /// process's.
     pub async fn run(self, token: CancellationToken, shards_released: CancellationToken) {
         let mut was_fenced = true;
         let mut conflict = false;
@@ -165,13 +167,13 @@ impl Member {
                 () = token.cancelled() => break,
             }
         }
-        // Deleting the member Lease first would let the coordinator force-release shards whose
-        // syncs may still run; the shard agent releases them (after their drain) first.
+        // Leaving first would let the coordinator reassign shards whose syncs may still run; the
+        // shard agent releases them (after their drain) first.
         let release_bound = self.timing.drain_timeout + self.timing.request_timeout + self.timing.retry_period;
         if tokio::time::timeout(release_bound, shards_released.cancelled()).await.is_err() {
-            warn!("Shards not released in time; deleting the member Lease anyway");
+            warn!("Shards not released in time; leaving the member Lease anyway");
         }
-        self.delete(version).await;
+        self.leave(version).await;
     }
 
     /// Compares this replica's shard count with the one recorded in the config Lease, and
@@ -250,11 +252,15 @@ impl Member {
         let Some(mut lease) = self.bounded(self.api.get_opt(&member_lease_name(&self.identity))).await? else {
             return self.create(now).await;
         };
-        other.record(&self.identity, Some(&member_version(&lease)), Instant::now());
-        if other.is_alive(&self.identity, Instant::now()) {
-            return Ok(Renewal::HeldByAnother);
+        // A process that left released its shards before it marked the Lease: nothing to wait for.
+        if !member_left(&lease) {
+            other.record(&self.identity, Some(&member_version(&lease)), Instant::now());
+            if other.is_alive(&self.identity, Instant::now()) {
+                return Ok(Renewal::HeldByAnother);
+            }
         }
         let predecessor = lease.annotations().get(MEMBER_NONCE_ANNOTATION).cloned().unwrap_or_default();
+        lease.annotations_mut().remove(MEMBER_LEFT_ANNOTATION);
         lease.annotations_mut().insert(MEMBER_NONCE_ANNOTATION.to_owned(), self.nonce.clone());
         let spec = lease.spec.get_or_insert_with(Default::default);
         spec.holder_identity = Some(self.identity.clone());
@@ -273,33 +279,26 @@ impl Member {
         }
     }
 
-    /// Marks the member Lease as left (so the coordinator reassigns at once), then deletes it,
-    /// if this process wrote its latest version.
-    async fn delete(&self, version: Option<String>) {
-        let Some(mut resource_version) = version else { return };
+    /// Marks the member Lease as left, if this process wrote its latest version: the coordinator
+    /// then reassigns this replica's shards at once, and deletes the Lease a lease duration later.
+    /// The Lease is not deleted here: a coordinator that first looks at the Leases after a
+    /// delete would not know this replica left, and would wait a lease duration for it.
+    async fn leave(&self, version: Option<String>) {
+        if version.is_none() {
+            return;
+        }
         let patch: Result<json_patch::Patch, _> = serde_json::from_value(json!([
             {"op": "test", "path": nonce_path(), "value": self.nonce},
             {"op": "add", "path": annotation_path(MEMBER_LEFT_ANNOTATION), "value": self.nonce},
         ]));
-        if let Ok(patch) = patch {
-            let name = member_lease_name(&self.identity);
-            match self.bounded(self.api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))).await {
-                Ok(lease) => resource_version = lease.resource_version().unwrap_or_default(),
-                Err(error) => {
-                    warn!(error = &error as &dyn std::error::Error, "Failed to mark the member Lease as left")
-                }
-            }
-        }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions { resource_version: Some(resource_version), uid: None }),
-            ..DeleteParams::default()
-        };
-        match self.bounded(self.api.delete(&member_lease_name(&self.identity), &params)).await {
-            Ok(_) => info!("Deleted member Lease"),
-            Err(kube::Error::Api(s)) if s.code == 409 => {
+        let Ok(patch) = patch else { return };
+        let name = member_lease_name(&self.identity);
+        match self.bounded(self.api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))).await {
+            Ok(_) => info!(lease = %name, "Marked the member Lease as left"),
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 || s.code == 404 => {
                 info!("Member Lease was written by another process since; left in place");
             }
-            Err(error) => warn!(error = &error as &dyn std::error::Error, "Failed to delete member Lease"),
+            Err(error) => warn!(error = &error as &dyn std::error::Error, "Failed to mark the member Lease as left"),
         }
     }
 }
