@@ -1,10 +1,14 @@
 //! The RBAC in `deploy/rbac/` grants nothing beyond what catalogsync uses: run a replica
 //! through everything it does against the KCP (start, sync, a Secret problem and its repair,
-//! a catalog change, shutdown) and compare the requests in the KCP audit log with the rules.
+//! a catalog change, the clean-up of a member Lease a replica left behind, shutdown) and
+//! compare the requests in the KCP audit log with the rules.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use catalogsync::api::{MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION, member_lease_name};
+use catalogsync::sharding::lease::new_member;
+use k8s_openapi::api::coordination::v1::Lease;
 use testenv::scenario::{Scenario, mrm, mt};
 
 const PROMPT: Duration = Duration::from_secs(30);
@@ -46,6 +50,15 @@ async fn rbac_grants_exactly_what_catalogsync_uses() {
     s.add_kyma("good", &env.skr_a, &[]).await.expect("kyma");
     s.add_kyma_without_secret("lost", &[]).await.expect("kyma");
     let mark = env.kcp.read_audit_events().len();
+    // The member Lease of a replica that shut down: the coordinator deletes it a lease duration
+    // after it first saw it.
+    let leases: kube::Api<Lease> = kube::Api::namespaced(s.kcp.clone(), &s.ns);
+    let mut gone = new_member("gone", &s.ns, 8, k8s_openapi::jiff::Timestamp::now());
+    gone.metadata.annotations = Some(
+        [(MEMBER_NONCE_ANNOTATION.to_owned(), "n".to_owned()), (MEMBER_LEFT_ANNOTATION.to_owned(), "n".to_owned())]
+            .into(),
+    );
+    leases.create(&kube::api::PostParams::default(), &gone).await.expect("create the Lease of a replica that left");
     s.start(&["--resync-period", "2s", "--resync-jitter", "0"]).expect("start");
     s.await_condition("good", "True", "CatalogSynced", PROMPT).await;
     s.await_condition("lost", "False", "AccessSecretMissing", PROMPT).await;
@@ -58,6 +71,10 @@ async fn rbac_grants_exactly_what_catalogsync_uses() {
         .await
         .expect("change");
     s.await_skr_names(&env.skr_a, testenv::scenario::MT, &["keda-1.0.0", "keda-1.1.0"], PROMPT).await;
+    testenv::await_condition(PROMPT, "the coordinator to delete the member Lease of a replica that left", || async {
+        matches!(leases.get_opt(&member_lease_name("gone")).await, Ok(None))
+    })
+    .await;
     let status = s.catalogsync.as_mut().expect("running").terminate(Duration::from_secs(30)).await.expect("stop");
     assert!(status.success(), "catalogsync exited with {status}");
 
