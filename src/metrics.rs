@@ -473,6 +473,8 @@ pub struct CatalogMetrics {
     objects: IntGaugeVec,
     /// `catalogsync_catalog_malformed_objects{kind}`.
     malformed: IntGaugeVec,
+    /// `catalogsync_catalog_old_style_templates`.
+    old_style_templates: IntGauge,
     /// `catalogsync_catalog_skipped_release_metas{reason}`.
     skipped_release_metas: IntGaugeVec,
     /// `catalogsync_catalog_changes_total`.
@@ -497,6 +499,13 @@ impl CatalogMetrics {
                 IntGaugeVec::new(
                     Opts::new("catalogsync_catalog_objects", "Catalog objects in the KCP snapshot, by kind."),
                     &["kind"],
+                ),
+            )?,
+            old_style_templates: register(
+                r,
+                IntGauge::new(
+                    "catalogsync_catalog_old_style_templates",
+                    "ModuleTemplates without spec.moduleName (old-style): never synced, not malformed.",
                 ),
             )?,
             malformed: register(
@@ -568,6 +577,12 @@ impl CatalogMetrics {
     /// Sets the number of objects of `kind` left out of the snapshot because they do not parse.
     pub fn malformed(&self, kind: CatalogKind, n: usize) {
         self.malformed.with_label_values(&[kind.as_str()]).set(count(n));
+    }
+
+    /// Sets the number of old-style ModuleTemplates (without `spec.moduleName`), which are never
+    /// synced.
+    pub fn old_style_templates(&self, n: usize) {
+        self.old_style_templates.set(count(n));
     }
 
     /// Sets the number of ModuleReleaseMetas no Kyma gets, for `reason`.

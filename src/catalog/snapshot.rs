@@ -90,6 +90,10 @@ pub struct Snapshot {
     pub release_metas: BTreeMap<String, Arc<MrmView>>,
     /// Objects left out because they could not be read.
     pub malformed: Vec<Malformed>,
+    /// Names of old-style ModuleTemplates: a `spec` without `moduleName`. lifecycle-manager
+    /// tolerates them and never syncs them; neither does catalogsync, and they are not
+    /// malformed.
+    pub unnamed_templates: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -124,6 +128,10 @@ impl Snapshot {
     ) -> Snapshot {
         let mut snap = Snapshot::default();
         for obj in templates {
+            if is_old_style(obj) {
+                snap.unnamed_templates.push(obj.metadata.name.clone().unwrap_or_default());
+                continue;
+            }
             match MtView::from_object(obj, sync_namespace) {
                 Ok(view) => {
                     snap.templates.insert(view.name.clone(), Arc::new(view));
@@ -149,6 +157,15 @@ impl Snapshot {
         }
         snap
     }
+}
+
+/// Whether a ModuleTemplate is old-style: it has a `spec`, without `moduleName` (missing or
+/// null).
+fn is_old_style(obj: &DynamicObject) -> bool {
+    obj.data
+        .get("spec")
+        .and_then(Value::as_object)
+        .is_some_and(|spec| spec.get("moduleName").is_none_or(Value::is_null))
 }
 
 fn spec_of<T: for<'de> Deserialize<'de>>(obj: &DynamicObject) -> Result<T, String> {

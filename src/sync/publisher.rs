@@ -11,7 +11,7 @@ use futures::{Stream, StreamExt};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::{mpsc, watch};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::api::Kyma;
 use crate::catalog::{CatalogKind, Warning, WarningReason};
@@ -201,6 +201,13 @@ fn record_catalog(ctx: &PublisherContext, state: &CatalogState) {
     }
     for bad in &snap.malformed {
         warn!(kind = bad.kind.as_str(), name = %bad.name, reason = %bad.reason, "Skipping malformed catalog object");
+    }
+    m.old_style_templates(snap.unnamed_templates.len());
+    if !snap.unnamed_templates.is_empty() {
+        debug!(
+            count = snap.unnamed_templates.len(),
+            "Leaving out old-style ModuleTemplates (no spec.moduleName), as lifecycle-manager does"
+        );
     }
     // Selector warnings do not depend on the Kyma (an invalid selector is never matched), so
     // one evaluation reports them all.

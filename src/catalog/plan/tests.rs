@@ -325,7 +325,6 @@ fn snapshot_records_malformed_objects_without_failing() {
         [
             (CatalogKind::ModuleTemplate, "no-spec-1.0.0"),
             (CatalogKind::ModuleTemplate, "null-spec-1.0.0"),
-            (CatalogKind::ModuleTemplate, "nameless-1.0.0"),
             (CatalogKind::ModuleTemplate, "numeric-1.0.0"),
             (CatalogKind::ModuleReleaseMeta, "no-spec"),
             (CatalogKind::ModuleReleaseMeta, "no-module-name"),
@@ -335,7 +334,25 @@ fn snapshot_records_malformed_objects_without_failing() {
     let reasons: Vec<&Malformed> = snap.malformed.iter().filter(|m| m.reason.is_empty()).collect();
     assert!(reasons.is_empty(), "every malformed object says why: {reasons:?}");
     assert_eq!(snap.malformed[0].reason, "has no spec");
-    assert!(snap.malformed[2].reason.contains("moduleName"), "{}", snap.malformed[2].reason);
+    assert!(snap.malformed[2].reason.contains("expected a string"), "{}", snap.malformed[2].reason);
+    // An old-style template (a spec without moduleName) is not malformed: counted apart, never synced.
+    assert_eq!(snap.unnamed_templates, ["nameless-1.0.0"]);
+}
+
+#[test]
+fn old_style_templates_are_never_synced_and_not_malformed() {
+    let mts = [
+        MtBuilder::new("keda", "1.0.0").build(),
+        MtBuilder::new("keda", "0.9.0").without_spec_field("moduleName").build(),
+        MtBuilder::new("keda", "0.8.0").spec_field("moduleName", json!(null)).build(),
+    ];
+    let mrms = [MrmBuilder::new("keda").channel("regular", "1.0.0").channel("fast", "0.9.0").build()];
+    let snap = snapshot(&mts, &mrms);
+    assert!(snap.malformed.is_empty(), "{:?}", snap.malformed);
+    assert_eq!(snap.unnamed_templates, ["keda-0.9.0", "keda-0.8.0"]);
+    let (set, _) = crate::catalog::desired_set(&snap, &crate::fixtures::kyma_flags(false, false), &Default::default());
+    let names: Vec<&String> = set.of(CatalogKind::ModuleTemplate).keys().collect();
+    assert_eq!(names, ["keda-1.0.0"], "the old-style template of channel fast is not synced");
 }
 
 #[test]
