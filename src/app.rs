@@ -235,7 +235,7 @@ pub async fn run_with(
     // Shard ownership.
     let lease_api: Api<Lease> = Api::namespaced(kcp.clone(), &lease_namespace);
     // Cancelled by the shard agent once it released its shards on shutdown; only then is the
-    // member Lease deleted.
+    // member Lease marked as left.
     let shards_released = CancellationToken::new();
     let predecessors = membership::Predecessors::default();
     // A round of either loop takes a retry period plus a few bounded KCP requests.

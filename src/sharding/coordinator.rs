@@ -106,8 +106,6 @@ struct Observed {
     /// meanwhile is left unassigned.
     shard_uids: BTreeMap<u32, String>,
     cooling_until: BTreeMap<u32, Instant>,
-    /// Since when each shard has had no live holder (while leading).
-    unowned_since: BTreeMap<u32, Instant>,
     /// Member Leases marked as left: since when, and the resourceVersion last seen.
     left_since: BTreeMap<String, (Instant, String)>,
 }
@@ -120,7 +118,6 @@ impl Observed {
             settling_until: Instant::now() + settle,
             shard_uids: BTreeMap::new(),
             cooling_until: BTreeMap::new(),
-            unowned_since: BTreeMap::new(),
             left_since: BTreeMap::new(),
         }
     }
@@ -189,7 +186,6 @@ impl Coordinator {
             if leading {
                 self.pass(&all, &mut observed).await;
             } else {
-                observed.unowned_since.clear();
                 self.published.send_if_modified(|v| !std::mem::take(&mut v.unowned_since).is_empty());
             }
             let wait = next_renew.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(10));
@@ -308,7 +304,7 @@ impl Coordinator {
                 Err(error) => warn!(shard, error = &error as &dyn std::error::Error, "Failed to update shard Lease"),
             }
         }
-        self.record_unowned(&shard_leases, &live, &mut observed.unowned_since);
+        self.record_unowned(&shard_leases, &live);
         self.delete_left(observed, clock).await;
     }
 
@@ -352,26 +348,20 @@ impl Coordinator {
         }
     }
 
-    fn record_unowned(
-        &self,
-        shard_leases: &BTreeMap<u32, Arc<Lease>>,
-        live: &[String],
-        unowned_since: &mut BTreeMap<u32, Instant>,
-    ) {
+    /// Publishes the shards without a live holder, each keeping the instant it was first seen
+    /// so.
+    fn record_unowned(&self, shard_leases: &BTreeMap<u32, Arc<Lease>>, live: &[String]) {
         let now = Instant::now();
-        let unowned: Vec<u32> = (0..self.view.shards())
+        let unowned: BTreeSet<u32> = (0..self.view.shards())
             .filter(|s| shard_leases.get(s).is_none_or(|l| !live.contains(&lease::state(l).holder)))
             .collect();
-        unowned_since.retain(|s, _| unowned.contains(s));
-        for s in &unowned {
-            unowned_since.entry(*s).or_insert(now);
-        }
         self.published.send_if_modified(|v| {
-            let changed = v.unowned_since != *unowned_since;
-            if changed {
-                v.unowned_since.clone_from(unowned_since);
+            let before = v.unowned_since.clone();
+            v.unowned_since.retain(|s, _| unowned.contains(s));
+            for s in &unowned {
+                v.unowned_since.entry(*s).or_insert(now);
             }
-            changed
+            v.unowned_since != before
         });
     }
 }
