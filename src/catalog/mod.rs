@@ -10,6 +10,7 @@
 //! Nothing here holds a `Client`; `sync::executor` performs a `Plan`, and asks [`verify`] what
 //! the SKR's answers mean (replace a copy after its apply, check and write a CRD).
 
+pub mod compare;
 pub mod desired;
 pub mod guard;
 pub mod plan;
@@ -18,6 +19,7 @@ pub mod selector;
 pub mod snapshot;
 pub mod verify;
 
+pub use compare::{Comparison, KindComparison};
 pub use desired::{DesiredObject, DesiredSet, Filtered, Profile, ProfileCache, Warning, WarningReason, desired_set};
 pub use plan::{KindMemory, Observed, Orphan, Plan, plan};
 pub use snapshot::{MrmView, MtView, Snapshot};

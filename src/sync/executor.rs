@@ -352,6 +352,25 @@ impl SkrTarget<'_> {
         Ok(res.map_err(wrap)?.resource_version().unwrap_or_default())
     }
 
+    /// Reads, without writing anything, what the SKR holds of both kinds, in full (each item
+    /// digested): the input of a [`Comparison`](crate::catalog::Comparison). A kind whose
+    /// CRD the SKR does not serve (404) holds nothing.
+    ///
+    /// # Errors
+    /// A list that fails otherwise.
+    pub async fn observe(&self) -> Result<BTreeMap<CatalogKind, Vec<Observed>>> {
+        let mut out = BTreeMap::new();
+        for kind in CatalogKind::ALL {
+            let observed = match self.list(kind, true).await {
+                Ok(o) => o,
+                Err(SyncError::ListSkrObjects { source, .. }) if is_not_found(&source) => Vec::new(),
+                Err(err) => return Err(err),
+            };
+            out.insert(kind, observed);
+        }
+        Ok(out)
+    }
+
     /// Lists the copies of `kind` page by page: in full (each item digested) when `full`,
     /// else their metadata only.
     async fn list(&self, kind: CatalogKind, full: bool) -> Result<Vec<Observed>> {
