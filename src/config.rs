@@ -88,7 +88,7 @@ pub struct RunArgs {
     pub catalog_shrink_threshold: f64,
 
     /// How often every SKR is re-checked to repair drift, even without a KCP change.
-    #[arg(long, env = "CATALOGSYNC_RESYNC_PERIOD", default_value = "10m", value_parser = parse_duration, help_heading = "Sync")]
+    #[arg(long, env = "CATALOGSYNC_RESYNC_PERIOD", default_value = "5m", value_parser = parse_duration, help_heading = "Sync")]
     pub resync_period: Duration,
 
     /// Random extra delay added to each resync, as a fraction of the resync period, so SKRs
@@ -457,7 +457,7 @@ mod tests {
         let Command::Run(args) = cli.command else { unreachable!("run was given") };
         assert_eq!(args.validate(), Ok(()));
         assert!(args.restricted_set().is_empty());
-        assert_eq!(args.resync_period, Duration::from_secs(600));
+        assert_eq!(args.resync_period, Duration::from_secs(300));
         assert_eq!(args.skr_allowed_destinations, [Rule::Public]);
         assert!(!args.allow_insecure_skr_tls);
         assert_eq!(args.skr_max_response_size, 8 << 20);
