@@ -131,16 +131,22 @@ mod tests {
 
     fn held(name: &str, version: Option<&str>, managed: bool) -> Observed {
         let content = version.map(|v| {
-            CopyDigest::of(&json!({"metadata": {"name": name, "labels": {"m": "kyma", "x": "y"}}, "spec": {"version": v}}))
+            CopyDigest::of(
+                &json!({"metadata": {"name": name, "labels": {"m": "kyma", "x": "y"}}, "spec": {"version": v}}),
+            )
         });
         Observed { name: name.to_owned(), uid: "u".into(), resource_version: "1".into(), managed, content }
     }
 
     #[test]
     fn every_name_lands_in_one_bucket() {
-        let want: BTreeMap<String, DesiredObject> =
-            [desired("same", "1.0.0"), desired("gone", "1.0.0"), desired("changed", "1.0.0"), desired("unread", "1.0.0")]
-                .into();
+        let want: BTreeMap<String, DesiredObject> = [
+            desired("same", "1.0.0"),
+            desired("gone", "1.0.0"),
+            desired("changed", "1.0.0"),
+            desired("unread", "1.0.0"),
+        ]
+        .into();
         let have = vec![
             held("same", Some("1.0.0"), true),
             held("changed", Some("2.0.0"), true),

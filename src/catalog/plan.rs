@@ -10,8 +10,11 @@
 //!   present). Matching copies are not written.
 //! - **Warm**: the SKR is listed metadata-only. A copy is unchanged when its
 //!   `resourceVersion` is the one this replica last saw for it *and* the desired body has the
-//!   content hash it had then. Any edit in the SKR changes the resourceVersion; any KCP change
-//!   changes the hash. Either leads to an apply.
+//!   content hash it had then. A KCP change changes the hash and leads to an apply. A write in
+//!   the SKR changes the resourceVersion ([`needs_content`]): that kind is listed in full
+//!   and planned as in a cold sync, so a copy that still holds the desired one (someone added
+//!   a label, or lifecycle-manager, running beside catalogsync, applied its body) is not
+//!   rewritten.
 //!
 //! Orphans are copies carrying a `catalog-sync` managed-fields entry that are not desired.
 //! Each is planned with the UID and `resourceVersion` it was listed with ([`Orphan`]), and
@@ -105,6 +108,11 @@ impl KindMemory {
         self.0.remove(&name_key(name));
     }
 
+    /// Whether `name` is remembered with exactly this `resource_version`, whatever the hash.
+    pub fn saw(&self, name: &str, resource_version: &str) -> bool {
+        self.0.get(&name_key(name)).is_some_and(|r| r.resource_version.is(resource_version))
+    }
+
     /// Whether `name` is remembered with exactly this `resource_version` and desired `hash`.
     pub fn matches(&self, name: &str, resource_version: &str, hash: u64) -> bool {
         self.0.get(&name_key(name)).is_some_and(|r| r.hash == hash && r.resource_version.is(resource_version))
@@ -186,6 +194,19 @@ pub fn plan(desired: &BTreeMap<String, DesiredObject>, observed: &[Observed], me
         }
     }
     out
+}
+
+/// Whether a plan made from a metadata-only list would apply a copy that was written in the
+/// SKR since this replica last saw it (a resourceVersion it does not remember): then the
+/// copies must be read in full before deciding, since the write may have left the desired
+/// copy in place.
+pub fn needs_content(plan: &Plan, observed: &[Observed], memory: &KindMemory) -> bool {
+    let unread: HashMap<&str, &str> = observed
+        .iter()
+        .filter(|o| o.content.is_none())
+        .map(|o| (o.name.as_str(), o.resource_version.as_str()))
+        .collect();
+    plan.apply.iter().any(|want| unread.get(want.name.as_str()).is_some_and(|rv| !memory.saw(&want.name, rv)))
 }
 
 #[cfg(test)]

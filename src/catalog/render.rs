@@ -1,16 +1,28 @@
 //! Turns a KCP catalog object into the body catalogsync applies to an SKR (pure).
 //!
-//! A copy is the KCP object with its identity and history removed (`resourceVersion`, `uid`,
-//! `managedFields`, `creationTimestamp`, `generation`, `ownerReferences`, `finalizers`: KCP
-//! UIDs mean nothing in an SKR, and an owner reference to a missing UID invites the SKR's
-//! garbage collector), its namespace rewritten, the label
-//! `operator.kyma-project.io/managed-by=kyma` added, and the KCP labels and annotations
-//! otherwise kept, except `kubectl.kubernetes.io/last-applied-configuration`.
-
+//! A copy is the body lifecycle-manager (KLM) applies for the same object, so that either
+//! applier's server-side apply, under the shared field manager `catalog-sync`, is a no-op
+//! against a copy the other wrote (docs/catalog-rules.md R3.3; docs/migration.md):
+//!
+//! - `metadata`: the name, the namespace rewritten to the sync namespace, the KCP labels with
+//!   `operator.kyma-project.io/managed-by=kyma` merged in, and the KCP annotations, all of
+//!   them (`kubectl.kubernetes.io/last-applied-configuration` included, as KLM keeps it).
+//!   Identity and history go (`resourceVersion`, `uid`, `managedFields`; `creationTimestamp`
+//!   and `generation`, which KLM sends and the apiserver ignores). So do `ownerReferences`
+//!   and `finalizers`, which KLM keeps: an owner reference names a KCP UID that the SKR's
+//!   garbage collector cannot find (it would delete the copy), and nothing in the SKR would
+//!   ever remove a KCP finalizer (the copy could not be deleted). A copy that carries them
+//!   still counts as holding the desired copy ([`copy_matches`]), so catalogsync does not
+//!   fight KLM over them.
+//! - `spec`: the KCP spec as KLM's typed Go structs encode it ([`typed_spec`]): a field
+//!   without `omitempty` is always sent, its zero value when the KCP object has none
+//!   (ModuleTemplate `channel`, `version`, `moduleName`: `""`; `mandatory`,
+//!   `requiresDowntime`: `false`; ModuleReleaseMeta `beta`, `internal`: `false`), and an
+//!   empty `omitempty` field is left out.
 use kube::api::DynamicObject;
 use serde_json::{Map, Value, json};
 
-use crate::api::{GROUP, LAST_APPLIED_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE, VERSION};
+use crate::api::{GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE, VERSION};
 use crate::catalog::CatalogKind;
 
 /// Renders the SKR copy of `obj` (a KCP object of `kind`) for namespace `sync_namespace`.
@@ -19,13 +31,8 @@ pub fn render_copy(obj: &DynamicObject, kind: CatalogKind, sync_namespace: &str)
     let mut labels: Map<String, Value> =
         meta.labels.iter().flatten().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
     labels.insert(MANAGED_BY_LABEL.to_owned(), Value::String(MANAGED_BY_VALUE.to_owned()));
-    let annotations: Map<String, Value> = meta
-        .annotations
-        .iter()
-        .flatten()
-        .filter(|(k, _)| k.as_str() != LAST_APPLIED_ANNOTATION)
-        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-        .collect();
+    let annotations: Map<String, Value> =
+        meta.annotations.iter().flatten().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
 
     let mut metadata = Map::new();
     metadata.insert("name".into(), json!(meta.name.clone().unwrap_or_default()));
@@ -47,7 +54,87 @@ pub fn render_copy(obj: &DynamicObject, kind: CatalogKind, sync_namespace: &str)
             }
         }
     }
+    if let Some(Value::Object(spec)) = body.get_mut("spec") {
+        typed_spec(kind, spec);
+    }
     Value::Object(body)
+}
+
+/// Rewrites a catalog `spec` as KLM's Go types encode it after decoding it (its
+/// `api/v1beta2` types at the commit docs/klm-reference.md names): every field without
+/// `omitempty` present (its zero value when missing or null), every empty `omitempty` field
+/// absent. `descriptor` and `data` are raw JSON to both and stay as they are.
+pub fn typed_spec(kind: CatalogKind, spec: &mut Map<String, Value>) {
+    match kind {
+        CatalogKind::ModuleTemplate => {
+            always(spec, &["channel", "version", "moduleName"], &json!(""));
+            always(spec, &["mandatory", "requiresDowntime"], &json!(false));
+            omit_empty(spec, &["customStateCheck", "resources", "associatedResources", "info", "manager"]);
+            items(spec, "customStateCheck", |i| always(i, &["jsonPath", "value", "mappedState"], &json!("")));
+            items(spec, "resources", |i| always(i, &["name", "link"], &json!("")));
+            items(spec, "associatedResources", |i| always(i, &["group", "version", "kind"], &json!("")));
+            if let Some(Value::Object(manager)) = spec.get_mut("manager") {
+                always(manager, &["group", "version", "kind", "name"], &json!(""));
+                omit_empty(manager, &["namespace"]);
+            }
+            if let Some(Value::Object(info)) = spec.get_mut("info") {
+                always(info, &["repository", "documentation"], &json!(""));
+                omit_empty(info, &["icons"]);
+                items(info, "icons", |i| always(i, &["name", "link"], &json!("")));
+            }
+        }
+        CatalogKind::ModuleReleaseMeta => {
+            always(spec, &["moduleName"], &json!(""));
+            always(spec, &["beta", "internal"], &json!(false));
+            omit_empty(spec, &["ocmComponentName", "channels", "mandatory", "kymaSelector"]);
+            items(spec, "channels", |i| always(i, &["channel", "version"], &json!("")));
+            if let Some(Value::Object(mandatory)) = spec.get_mut("mandatory") {
+                always(mandatory, &["version"], &json!(""));
+            }
+            if let Some(Value::Object(selector)) = spec.get_mut("kymaSelector") {
+                omit_empty(selector, &["matchLabels", "matchExpressions"]);
+                items(selector, "matchExpressions", |i| {
+                    always(i, &["key", "operator"], &json!(""));
+                    omit_empty(i, &["values"]);
+                });
+            }
+        }
+    }
+}
+
+/// Go's encoding of a field without `omitempty`: always there, `zero` when missing or null.
+fn always(obj: &mut Map<String, Value>, fields: &[&str], zero: &Value) {
+    for field in fields {
+        let slot = obj.entry(*field).or_insert(Value::Null);
+        if slot.is_null() {
+            *slot = zero.clone();
+        }
+    }
+}
+
+/// Go's encoding of an `omitempty` field: absent when null, an empty string, list or map. (A
+/// pointer to a struct is omitted only when nil, so `{}` stays for those; the maps and lists
+/// named here are Go maps and slices, whose empty values are omitted.)
+fn omit_empty(obj: &mut Map<String, Value>, fields: &[&str]) {
+    for field in fields {
+        let empty = match obj.get(*field) {
+            Some(Value::Null) => true,
+            Some(Value::String(s)) => s.is_empty(),
+            Some(Value::Array(a)) => a.is_empty(),
+            Some(Value::Object(o)) => o.is_empty() && matches!(*field, "matchLabels"),
+            _ => false,
+        };
+        if empty {
+            obj.remove(*field);
+        }
+    }
+}
+
+/// Applies `f` to every object in the list `obj[field]`.
+fn items(obj: &mut Map<String, Value>, field: &str, f: impl Fn(&mut Map<String, Value>)) {
+    if let Some(Value::Array(list)) = obj.get_mut(field) {
+        list.iter_mut().filter_map(Value::as_object_mut).for_each(f);
+    }
 }
 
 /// Whether an observed SKR object already holds `desired`: equal `spec`, and every desired
@@ -121,6 +208,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::api::LAST_APPLIED_ANNOTATION;
 
     fn kcp_object() -> DynamicObject {
         let ar = ApiResource::erase::<crate::api::ModuleTemplate>(&());
@@ -158,11 +246,65 @@ mod tests {
                     "name": "btp-operator-1.1.0",
                     "namespace": "kyma-system",
                     "labels": {"operator.kyma-project.io/beta": "true", "operator.kyma-project.io/managed-by": "kyma"},
-                    "annotations": {"argocd.argoproj.io/tracking-id": "x"},
+                    "annotations": {LAST_APPLIED_ANNOTATION: "{}", "argocd.argoproj.io/tracking-id": "x"},
                 },
-                "spec": {"moduleName": "btp-operator", "version": "1.1.0", "descriptor": {"x": 1}},
+                "spec": {
+                    "moduleName": "btp-operator",
+                    "version": "1.1.0",
+                    "channel": "",
+                    "mandatory": false,
+                    "requiresDowntime": false,
+                    "descriptor": {"x": 1},
+                },
             })
         );
+    }
+
+    #[test]
+    fn typed_spec_sends_what_go_sends() {
+        let mut mt = json!({
+            "moduleName": "m", "version": null, "descriptor": {"resources": []}, "data": {},
+            "resources": [], "customStateCheck": [{"jsonPath": "a"}],
+            "associatedResources": [{"version": "v1", "kind": "Pod"}],
+            "info": {"repository": "r", "icons": []}, "manager": {"kind": "Deployment", "name": "d", "namespace": ""},
+        });
+        typed_spec(CatalogKind::ModuleTemplate, mt.as_object_mut().expect("object"));
+        assert_eq!(
+            mt,
+            json!({
+                "moduleName": "m", "version": "", "channel": "", "mandatory": false, "requiresDowntime": false,
+                "descriptor": {"resources": []}, "data": {},
+                "customStateCheck": [{"jsonPath": "a", "value": "", "mappedState": ""}],
+                "associatedResources": [{"group": "", "version": "v1", "kind": "Pod"}],
+                "info": {"repository": "r", "documentation": ""},
+                "manager": {"group": "", "version": "", "kind": "Deployment", "name": "d"},
+            })
+        );
+        let mut mrm = json!({
+            "moduleName": "m", "ocmComponentName": "", "channels": [{"channel": "regular", "version": "1.0.0"}],
+            "kymaSelector": {"matchLabels": {}, "matchExpressions": [{"key": "k", "operator": "Exists", "values": []}]},
+        });
+        typed_spec(CatalogKind::ModuleReleaseMeta, mrm.as_object_mut().expect("object"));
+        assert_eq!(
+            mrm,
+            json!({
+                "moduleName": "m", "beta": false, "internal": false,
+                "channels": [{"channel": "regular", "version": "1.0.0"}],
+                "kymaSelector": {"matchExpressions": [{"key": "k", "operator": "Exists"}]},
+            })
+        );
+        let mut mandatory = json!({"moduleName": "m", "mandatory": {}, "kymaSelector": {}});
+        typed_spec(CatalogKind::ModuleReleaseMeta, mandatory.as_object_mut().expect("object"));
+        assert_eq!(mandatory["mandatory"], json!({"version": ""}), "a non-nil pointer to a struct stays");
+        assert_eq!(mandatory["kymaSelector"], json!({}));
+    }
+
+    #[test]
+    fn typed_spec_is_idempotent() {
+        let mut once = render_copy(&kcp_object(), CatalogKind::ModuleTemplate, "kyma-system");
+        let twice = once.clone();
+        typed_spec(CatalogKind::ModuleTemplate, once["spec"].as_object_mut().expect("object"));
+        assert_eq!(once, twice);
     }
 
     #[test]

@@ -23,6 +23,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
+use crate::catalog::plan::needs_content;
 use crate::catalog::render::CopyDigest;
 use crate::catalog::verify::{AfterApply, CrdCheck, CrdState, after_apply, crd_check, crd_state};
 use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Orphan, Plan, plan};
@@ -223,7 +224,11 @@ impl SkrTarget<'_> {
                 Err(err) => return Err(err),
             };
             memory.retain_names(observed.iter().map(|o| o.name.as_str()));
-            let plan = plan(desired.of(kind), &observed, memory);
+            let mut plan = plan(desired.of(kind), &observed, memory);
+            if needs_content(&plan, &observed, memory) {
+                let observed = self.list(kind, true).await?;
+                plan = crate::catalog::plan(desired.of(kind), &observed, memory);
+            }
             if let Err(err) = self.execute(kind, &plan, memory, &mut report).await {
                 first_error.get_or_insert(err);
             }

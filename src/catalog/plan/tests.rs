@@ -173,10 +173,36 @@ fn warm_copy_with_remembered_rv_and_hash_is_unchanged() {
 fn warm_copy_whose_rv_changed_is_applied() {
     let keda = desired_mt("keda", "1.0.0");
     let memory = remember(&[("keda-1.0.0", "17", keda.hash)]);
-    let plan = plan(&desired_of([&keda]), &[listed_meta("keda-1.0.0", "18", true)], &memory);
+    let listed = [listed_meta("keda-1.0.0", "18", true)];
+    let plan = plan(&desired_of([&keda]), &listed, &memory);
     assert_eq!(plan.apply, vec![keda]);
     assert_eq!(plan.unchanged, vec![]);
     assert_eq!(plan.prune, Vec::<Orphan>::new());
+    assert!(needs_content(&plan, &listed, &memory), "written in the SKR since: read it before rewriting it");
+}
+
+#[test]
+fn warm_copy_rewritten_in_the_skr_but_still_holding_the_copy_is_left_alone() {
+    // lifecycle-manager, running beside catalogsync, applied its body with an owner reference
+    // catalogsync does not send: the resourceVersion moved, the copy still holds.
+    let keda = desired_mt("keda", "1.0.0");
+    let memory = remember(&[("keda-1.0.0", "17", keda.hash)]);
+    let full = [listed_copy_edited(&keda, "18", true, |o| {
+        o["metadata"]["ownerReferences"] = json!([{"uid": "kcp-uid"}]);
+    })];
+    let plan = plan(&desired_of([&keda]), &full, &memory);
+    assert_eq!(unchanged(&plan), ["keda-1.0.0"]);
+    assert!(!needs_content(&plan, &full, &memory), "a full list was read");
+}
+
+#[test]
+fn a_catalog_change_needs_no_full_list() {
+    let keda = desired_mt("keda", "1.0.0");
+    let memory = remember(&[("keda-1.0.0", "17", keda.hash.wrapping_add(1))]);
+    let listed = [listed_meta("keda-1.0.0", "17", true)];
+    let plan = plan(&desired_of([&keda]), &listed, &memory);
+    assert_eq!(applied(&plan), ["keda-1.0.0"]);
+    assert!(!needs_content(&plan, &listed, &memory), "the SKR copy is the one last seen: apply it");
 }
 
 #[test]
@@ -369,7 +395,9 @@ fn render_of_a_klm_template_keeps_descriptor_and_data_byte_for_byte() {
 
     assert_eq!(copy["spec"]["descriptor"], klm_descriptor());
     assert_eq!(copy["spec"]["data"], klm_data());
-    assert_eq!(copy["spec"], kcp.data["spec"]);
+    let mut typed = kcp.data["spec"].clone();
+    crate::catalog::render::typed_spec(CatalogKind::ModuleTemplate, typed.as_object_mut().expect("a spec"));
+    assert_eq!(copy["spec"], typed);
     let bytes = |v: &Value| serde_json::to_vec(v).expect("serialises");
     assert_eq!(bytes(&copy["spec"]["descriptor"]), bytes(&kcp.data["spec"]["descriptor"]));
     assert_eq!(bytes(&copy["spec"]["data"]), bytes(&kcp.data["spec"]["data"]));
@@ -382,7 +410,10 @@ fn render_of_a_klm_template_keeps_descriptor_and_data_byte_for_byte() {
     assert_eq!(meta["namespace"], json!(SYNC_NAMESPACE));
     assert_eq!(meta["labels"][MANAGED_BY_LABEL], json!(MANAGED_BY_VALUE));
     assert_eq!(meta["labels"]["operator.kyma-project.io/module-name"], json!("btp-operator"));
-    assert_eq!(meta["annotations"].get(LAST_APPLIED_ANNOTATION), None);
+    assert_eq!(
+        meta["annotations"].get(LAST_APPLIED_ANNOTATION),
+        kcp.metadata.annotations.as_ref().and_then(|a| a.get(LAST_APPLIED_ANNOTATION)).map(|a| json!(a)).as_ref()
+    );
     assert_eq!(meta["annotations"]["operator.kyma-project.io/is-cluster-scoped"], json!("false"));
     assert_eq!(copy["apiVersion"], json!("operator.kyma-project.io/v1beta2"));
     assert_eq!(copy["kind"], json!("ModuleTemplate"));

@@ -36,6 +36,7 @@ pub mod fleet;
 pub mod hostile;
 pub mod http;
 pub mod invariants;
+pub mod klm;
 pub mod kubelet;
 pub mod kustomize;
 pub mod pki;

@@ -1,0 +1,180 @@
+//! Running beside lifecycle-manager (KLM) on real apiservers, with KLM's writes reproduced by
+//! `testenv::klm` from the lifecycle-manager reference: catalogsync adopts an SKR that KLM
+//! filled without a single write, and the two appliers, running side by side, do not flip
+//! the copies (their resourceVersions stay after KLM's first pass). The catalog is KLM's own
+//! sample objects (read from `../shared/klm-samples`) and fixtures with the metadata KLM
+//! keeps: a last-applied annotation, an owner reference and a finalizer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use kube::api::ListParams;
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use testenv::klm::{KlmCatalogWriter, KlmPass};
+use testenv::scenario::{MRM, MT, Scenario, mrm, mt};
+use testenv::{AuditEvent, ControlPlane};
+
+const PROMPT: Duration = Duration::from_secs(30);
+/// The resync period of these tests: several resyncs per KLM pass.
+const RESYNC: &str = "2s";
+
+/// One of KLM's sample objects, by file name, without its namespace.
+fn klm_sample(file: &str) -> Value {
+    let path = testenv::repo_root().join("../shared/klm-samples/objects").join(file);
+    let text = std::fs::read_to_string(&path).expect("read a lifecycle-manager sample");
+    let mut doc = testenv::parse_yaml_docs(&text).expect("YAML").into_iter().next().expect("one object");
+    if let Some(meta) = doc["metadata"].as_object_mut() {
+        meta.remove("namespace");
+    }
+    doc
+}
+
+/// keda's KCP ModuleTemplate, with the metadata KLM keeps and catalogsync does not send (an
+/// owner reference) and the annotation `kubectl apply` leaves.
+fn keda_in_kcp(info: Option<Value>) -> Value {
+    let mut keda = mt("keda", "1.0.0");
+    keda["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "catalog-source", "uid": "0b7c1a4e-kcp-only"}]);
+    keda["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] =
+        json!(r#"{"apiVersion":"operator.kyma-project.io/v1beta2","kind":"ModuleTemplate"}"#);
+    if let Some(info) = info {
+        keda["spec"]["info"] = info;
+    }
+    keda
+}
+
+/// The catalog of these tests and the names every (non-beta) Kyma gets of it.
+fn catalog() -> (Vec<Value>, BTreeSet<String>, BTreeSet<String>) {
+    let objects = vec![
+        klm_sample("mt_template-operator-1.0.5_e2e-transferred.yaml"),
+        klm_sample("mrm_template-operator_regular-1.0.5_rendered-deploy_modulereleasemeta.yaml"),
+        klm_sample("community-modules_docker-registry-0.14.0.yaml"),
+        mrm("docker-registry", &[("regular", "0.14.0")]),
+        keda_in_kcp(None),
+        mrm("keda", &[("regular", "1.0.0"), ("fast", "1.0.0")]),
+    ];
+    let set = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<BTreeSet<_>>();
+    (
+        objects,
+        set(&["template-operator-1.0.5", "docker-registry-0.14.0", "keda-1.0.0"]),
+        set(&["template-operator", "docker-registry", "keda"]),
+    )
+}
+
+/// resourceVersion of every copy in the sync namespace, by kind and name.
+async fn versions(s: &Scenario, skr: &ControlPlane) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for plural in [MT, MRM] {
+        for obj in s.skr_api(skr, plural).list(&ListParams::default()).await.expect("list copies") {
+            out.insert(format!("{plural}/{}", obj.name_any()), obj.resource_version().unwrap_or_default());
+        }
+    }
+    out
+}
+
+/// The writes `user` made in `skr` from audit position `from` on.
+fn writes_since(skr: &ControlPlane, from: usize, user: &str) -> Vec<AuditEvent> {
+    skr.read_audit_events().into_iter().skip(from).filter(|e| e.user.username == user && e.is_write()).collect()
+}
+
+fn describe(events: &[AuditEvent]) -> Vec<String> {
+    events.iter().map(|e| format!("{} {} {:?}/{:?}", e.verb, e.resource(), e.namespace(), e.name())).collect()
+}
+
+/// Waits until catalogsync finished `n` more successful syncs than `from`.
+async fn await_syncs(s: &Scenario, from: f64, n: f64) -> f64 {
+    testenv::await_condition(PROMPT, &format!("{n} more successful syncs"), || async {
+        let done = s.metric("catalogsync_sync_runs_total", &[r#"result="success""#]).await;
+        (done >= from + n).then_some(done)
+    })
+    .await
+}
+
+fn klm_writer(
+    s: &Scenario,
+    skr: Client,
+    templates: BTreeSet<String>,
+    release_metas: BTreeSet<String>,
+) -> KlmCatalogWriter {
+    KlmCatalogWriter {
+        kcp: s.kcp.clone(),
+        catalog_namespace: s.ns.clone(),
+        skr,
+        sync_namespace: s.sync_ns.clone(),
+        templates,
+        release_metas,
+    }
+}
+
+/// An SKR that KLM filled is adopted without one write; then KLM's passes and catalogsync's
+/// resyncs run side by side: no flips, and a catalog change costs a bounded number of writes
+/// before the copies settle again.
+#[tokio::test]
+async fn adopts_klm_copies_without_writes_and_does_not_flip_beside_klm() {
+    let env = testenv::env();
+    let skr = env.start_extra_skr("klm-side").await.expect("start an SKR");
+    let mut s = Scenario::new("klm-side").await.expect("scenario");
+    let (objects, templates, release_metas) = catalog();
+    s.apply_catalog(&objects).await.expect("catalog");
+    s.add_kyma("k1", &skr, &[]).await.expect("kyma");
+    let klm = klm_writer(&s, skr.admin_client(), templates.clone(), release_metas.clone());
+
+    // KLM's world: it set up the SKR and synced the catalog.
+    klm.setup().await.expect("KLM setup");
+    let first = klm.pass().await.expect("KLM pass");
+    assert_eq!(first, KlmPass { applied: 6, deleted: 0 });
+    let keda = s.skr_api(&skr, MT).get("keda-1.0.0").await.expect("KLM's copy");
+    assert_eq!(keda.owner_references().len(), 1, "KLM keeps the KCP owner reference");
+    assert!(keda.annotations().contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+    let before = versions(&s, &skr).await;
+
+    // catalogsync starts: it holds every copy as it is.
+    let mark = skr.read_audit_events().len();
+    s.start(&["--resync-period", RESYNC]).expect("start");
+    s.await_condition("k1", "True", "CatalogSynced", PROMPT).await;
+    let done = await_syncs(&s, 0.0, 3.0).await;
+    let user = s.skr_user("k1");
+    let adoption = writes_since(&skr, mark, &user);
+    assert!(adoption.is_empty(), "catalogsync wrote while adopting KLM's copies: {:?}", describe(&adoption));
+    assert_eq!(versions(&s, &skr).await, before, "no copy changed");
+    let reads = skr.read_audit_events().into_iter().skip(mark).filter(|e| e.user.username == user).count();
+    assert!(reads > 0, "catalogsync did read the SKR");
+    eprintln!("adoption: 0 SKR writes by catalogsync over {done} syncs");
+
+    // Side by side: KLM passes every few resyncs; neither changes a copy.
+    let mut done = done;
+    for _ in 0..3 {
+        let pass = klm.pass().await.expect("KLM pass");
+        assert_eq!(pass.deleted, 0);
+        done = await_syncs(&s, done, 2.0).await;
+    }
+    assert_eq!(versions(&s, &skr).await, before, "a copy flipped while both ran");
+    let side_by_side = writes_since(&skr, mark, &user);
+    assert!(side_by_side.is_empty(), "catalogsync wrote beside KLM: {:?}", describe(&side_by_side));
+
+    // A catalog change while both run: catalogsync writes the changed copies first, without
+    // the KCP owner reference; KLM's next pass puts it back (one write); then both settle.
+    let mark = skr.read_audit_events().len();
+    let info = json!({"repository": "https://example.invalid/keda", "documentation": "d"});
+    s.apply_catalog(&[keda_in_kcp(Some(info))]).await.expect("change keda");
+    testenv::await_condition(PROMPT, "catalogsync to apply the changed copy", || async {
+        let copy = s.skr_api(&skr, MT).get("keda-1.0.0").await.ok()?;
+        (copy.data["spec"]["info"]["repository"] == "https://example.invalid/keda").then_some(())
+    })
+    .await;
+    let applied = writes_since(&skr, mark, &user);
+    assert_eq!(applied.len(), 1, "one write for one changed copy: {:?}", describe(&applied));
+    klm.pass().await.expect("KLM pass after the change");
+    done = await_syncs(&s, done, 2.0).await;
+    let settled = versions(&s, &skr).await;
+    for _ in 0..3 {
+        klm.pass().await.expect("KLM pass");
+        done = await_syncs(&s, done, 2.0).await;
+    }
+    assert_eq!(versions(&s, &skr).await, settled, "a copy flipped after the change settled");
+    let after = writes_since(&skr, mark, &user);
+    assert_eq!(after.len(), 1, "catalogsync rewrote what KLM put back: {:?}", describe(&after));
+    let keda = s.skr_api(&skr, MT).get("keda-1.0.0").await.expect("copy");
+    assert_eq!(keda.owner_references().len(), 1, "KLM's owner reference stays");
+}
