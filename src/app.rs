@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::api::{COORDINATOR_LEASE, Kyma};
-use crate::config::{ConfigError, RunArgs};
+use crate::config::{ConfigError, Mode, RunArgs};
 use crate::http::{self, HttpState};
 use crate::metrics::{EvictionReason, Metrics};
 use crate::sharding::ShardView;
@@ -127,6 +127,7 @@ pub async fn run_with(
     let restricted_modules = args.restricted_set();
     // Every flag is taken apart here, once: a new flag that nothing reads does not compile.
     let RunArgs {
+        mode,
         kcp_namespace: ns,
         sync_namespace,
         restricted_modules: _,
@@ -158,6 +159,13 @@ pub async fn run_with(
         shutdown_timeout,
     } = args;
     let metrics = Metrics::new().map_err(AppError::Metrics)?;
+    match mode {
+        Mode::Active => info!(mode = mode.as_str(), "Syncing the catalog to the SKRs"),
+        Mode::Shadow => info!(
+            mode = mode.as_str(),
+            "Shadow mode: comparing the SKRs with the desired catalog; nothing is written to an SKR, no condition or Event to the KCP"
+        ),
+    }
     // This process's nonce: in its member Lease, the shard Leases it claims, and the user
     // agent of its SKR requests (so SKR audit logs tell two processes of one identity apart).
     let nonce = membership::new_nonce();
@@ -188,6 +196,7 @@ pub async fn run_with(
         kcp: kcp.clone(),
         connector: SkrConnector::new(kcp.clone(), ns.clone(), access, kcp_request_timeout),
         settings: Settings {
+            mode,
             sync_namespace,
             restricted_modules,
             resync_period,
@@ -259,6 +268,7 @@ pub async fn run_with(
     metrics.observe_shards(debug_rx.clone()).map_err(AppError::Metrics)?;
     let (coordinator_tx, coordinator_rx) = watch::channel(CoordinatorView::default());
     metrics.observe_coordinator(coordinator_rx.clone(), kyma_store.clone(), view.clone()).map_err(AppError::Metrics)?;
+    metrics.observe_kymas(Arc::clone(&kymas)).map_err(AppError::Metrics)?;
     let released = Arc::clone(&kymas);
     let agent_task = Agent {
         api: lease_api.clone(),

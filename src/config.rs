@@ -55,9 +55,38 @@ pub enum LogFormat {
     Json,
 }
 
+/// What a replica does with what it finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Sync the catalog to every SKR and report on the Kyma's `ModuleCatalog` condition.
+    Active,
+    /// Compare only: everything runs (watches, shard Leases, desired sets, SKR reads), but
+    /// nothing is written to an SKR and no condition or Event to the KCP. Each SKR's
+    /// agreement with the desired catalog is exported as metrics (docs/migration.md).
+    Shadow,
+}
+
+impl Mode {
+    /// The flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Active => "active",
+            Mode::Shadow => "shadow",
+        }
+    }
+}
+
 /// Flags of `catalogsync run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
+    /// `active` syncs the catalog and writes each Kyma's `ModuleCatalog` condition. `shadow`
+    /// runs everything but writes nothing to any SKR and no condition or Event to the KCP (its
+    /// own Leases aside); it compares what each SKR holds with what catalogsync would have it
+    /// hold and exports that as metrics: the way to prove agreement with lifecycle-manager on a
+    /// live fleet before taking the sync over (docs/migration.md).
+    #[arg(long, env = "CATALOGSYNC_MODE", value_enum, default_value = "active", help_heading = "Sync")]
+    pub mode: Mode,
+
     /// Namespace in the KCP that holds the Kymas, their access Secrets and the catalog.
     #[arg(long, env = "CATALOGSYNC_KCP_NAMESPACE", default_value = "kcp-system", help_heading = "Catalog")]
     pub kcp_namespace: String,

@@ -10,6 +10,7 @@
 //! are computed at scrape time ([`shards::ShardCollector`]).
 
 pub mod coordinator;
+pub mod kymas;
 pub mod labels;
 pub mod shards;
 
@@ -124,6 +125,15 @@ impl Metrics {
     /// Fails when called twice on one registry.
     pub fn observe_shards(&self, shards: watch::Receiver<ShardsDebug>) -> prometheus::Result<()> {
         self.registry.register(Box::new(shards::ShardCollector::new(shards)?))
+    }
+
+    /// Computes `catalogsync_kyma_condition_contested` and the `catalogsync_shadow_*` gauges
+    /// at each scrape from the records of this replica's Kymas.
+    ///
+    /// # Errors
+    /// Fails when called twice on one registry.
+    pub fn observe_kymas(&self, kymas: std::sync::Arc<crate::sync::kymas::KymaRecords>) -> prometheus::Result<()> {
+        self.registry.register(Box::new(kymas::KymaCollector::new(kymas)?))
     }
 
     /// Computes `catalogsync_is_coordinator`, `catalogsync_unowned_clusters` and

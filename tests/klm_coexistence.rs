@@ -129,10 +129,15 @@ async fn adopts_klm_copies_without_writes_and_does_not_flip_beside_klm() {
     assert!(keda.annotations().contains_key("kubectl.kubernetes.io/last-applied-configuration"));
     let before = versions(&s, &skr).await;
 
+    // KLM keeps writing the Kyma status, its ModuleCatalog condition included.
+    let status =
+        testenv::klm::KlmStatusWriter::start(s.kcp.clone(), &s.ns, vec!["k1".to_owned()], Duration::from_secs(1));
+    s.await_condition("k1", "True", "Ready", PROMPT).await;
+
     // catalogsync starts: it holds every copy as it is.
     let mark = skr.read_audit_events().len();
+    let kcp_mark = env.kcp.read_audit_events().len();
     s.start(&["--resync-period", RESYNC]).expect("start");
-    s.await_condition("k1", "True", "CatalogSynced", PROMPT).await;
     let done = await_syncs(&s, 0.0, 3.0).await;
     let user = s.skr_user("k1");
     let adoption = writes_since(&skr, mark, &user);
@@ -152,6 +157,13 @@ async fn adopts_klm_copies_without_writes_and_does_not_flip_beside_klm() {
     assert_eq!(versions(&s, &skr).await, before, "a copy flipped while both ran");
     let side_by_side = writes_since(&skr, mark, &user);
     assert!(side_by_side.is_empty(), "catalogsync wrote beside KLM: {:?}", describe(&side_by_side));
+    let klm_status_writes = status.stop().await.expect("stop the status writer");
+    let kcp = kcp_writes_since(&s, kcp_mark);
+    assert!(kcp.is_empty(), "catalogsync wrote to the KCP beside KLM: {:?}", describe(&kcp));
+    assert_eq!(s.metric("catalogsync_kyma_condition_contested", &[]).await, 1.0);
+    eprintln!(
+        "side by side: 0 SKR and 0 KCP writes by catalogsync over {done} syncs; KLM wrote the status {klm_status_writes} times"
+    );
 
     // A catalog change while both run: catalogsync writes the changed copies first, without
     // the KCP owner reference; KLM's next pass puts it back (one write); then both settle.
@@ -177,4 +189,128 @@ async fn adopts_klm_copies_without_writes_and_does_not_flip_beside_klm() {
     assert_eq!(after.len(), 1, "catalogsync rewrote what KLM put back: {:?}", describe(&after));
     let keda = s.skr_api(&skr, MT).get("keda-1.0.0").await.expect("copy");
     assert_eq!(keda.owner_references().len(), 1, "KLM's owner reference stays");
+}
+
+/// The KCP writes catalogsync made in scenario `s`'s namespace from audit position `from` on,
+/// its own Leases aside.
+fn kcp_writes_since(s: &Scenario, from: usize) -> Vec<AuditEvent> {
+    testenv::env()
+        .kcp
+        .read_audit_events()
+        .into_iter()
+        .skip(from)
+        .filter(|e| e.user.username == testenv::CATALOGSYNC_USER && e.is_write())
+        .filter(|e| e.namespace() == Some(s.ns.as_str()) && e.resource() != "leases")
+        .collect()
+}
+
+/// Waits until the gauge `name` with `labels` reads `value`.
+async fn await_gauge(s: &Scenario, name: &str, labels: &[&str], value: f64) {
+    testenv::await_condition(PROMPT, &format!("{name}{labels:?} == {value}"), || async {
+        (s.metric(name, labels).await == value).then_some(())
+    })
+    .await;
+}
+
+/// Shadow mode beside a KLM-filled SKR: it reports agreement, then the disagreement of a
+/// tampered SKR object by object, then agreement again once KLM repaired it, and in all that
+/// time writes nothing to the SKR and nothing but its Leases to the KCP.
+#[tokio::test]
+async fn shadow_mode_reports_agreement_and_writes_nothing() {
+    let env = testenv::env();
+    let skr = env.start_extra_skr("klm-shadow").await.expect("start an SKR");
+    let mut s = Scenario::new("klm-shadow").await.expect("scenario");
+    let (objects, templates, release_metas) = catalog();
+    s.apply_catalog(&objects).await.expect("catalog");
+    s.add_kyma("k1", &skr, &[]).await.expect("kyma");
+    let klm = klm_writer(&s, skr.admin_client(), templates, release_metas);
+    klm.setup().await.expect("KLM setup");
+    klm.pass().await.expect("KLM pass");
+
+    let (skr_mark, kcp_mark) = (skr.read_audit_events().len(), env.kcp.read_audit_events().len());
+    s.start(&["--mode", "shadow", "--resync-period", RESYNC]).expect("start");
+    s.await_ready(PROMPT).await;
+    await_gauge(&s, "catalogsync_shadow_skrs", &[r#"agreement="agree""#], 1.0).await;
+    assert_eq!(s.metric("catalogsync_shadow_skrs", &[r#"agreement="disagree""#]).await, 0.0);
+
+    // Tamper: a changed ModuleTemplate, a deleted ModuleReleaseMeta, an extra managed copy
+    // (as KLM leaves one when a module leaves the catalog) and a user's own object.
+    let mts = s.skr_api(&skr, MT);
+    let edit = json!({"spec": {"requiresDowntime": true}});
+    mts.patch("keda-1.0.0", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&edit)).await.expect("edit");
+    s.skr_api(&skr, MRM).delete("docker-registry", &Default::default()).await.expect("delete");
+    let mut stale = testenv::klm::klm_body(&s.catalog_api(MT).get("keda-1.0.0").await.expect("keda"), &s.sync_ns);
+    stale["metadata"]["name"] = json!("keda-0.9.0");
+    let force = kube::api::PatchParams::apply(testenv::klm::KLM_CATALOG_MANAGER).force();
+    mts.patch("keda-0.9.0", &force, &kube::api::Patch::Apply(&stale)).await.expect("extra copy");
+    let mut own = stale.clone();
+    own["metadata"]["name"] = json!("my-own-1.0.0");
+    let user = kube::api::PatchParams::apply("a-user").force();
+    mts.patch("my-own-1.0.0", &user, &kube::api::Patch::Apply(&own)).await.expect("user object");
+
+    await_gauge(&s, "catalogsync_shadow_skrs", &[r#"agreement="disagree""#], 1.0).await;
+    let objects = |kind: &'static str, difference: &'static str| {
+        let kind = format!(r#"kind="{kind}""#);
+        let difference = format!(r#"difference="{difference}""#);
+        let s = &s;
+        async move { s.metric("catalogsync_shadow_objects", &[&kind, &difference]).await }
+    };
+    assert_eq!(objects("ModuleTemplate", "different").await, 1.0);
+    assert_eq!(objects("ModuleTemplate", "extra").await, 1.0);
+    assert_eq!(objects("ModuleTemplate", "missing").await, 0.0);
+    assert_eq!(objects("ModuleReleaseMeta", "missing").await, 1.0);
+    assert_eq!(objects("ModuleReleaseMeta", "different").await, 0.0);
+    assert!(s.log().contains("Shadow: the SKR does not hold the desired catalog"), "the disagreement is logged");
+
+    // KLM's next pass repairs its copies and prunes the extra one: agreement again.
+    let repaired = klm.pass().await.expect("KLM pass");
+    assert_eq!(repaired.deleted, 1, "KLM prunes the extra managed copy, not the user's object");
+    await_gauge(&s, "catalogsync_shadow_skrs", &[r#"agreement="agree""#], 1.0).await;
+
+    let skr_writes = writes_since(&skr, skr_mark, &s.skr_user("k1"));
+    assert!(skr_writes.is_empty(), "shadow mode wrote to the SKR: {:?}", describe(&skr_writes));
+    let kcp_writes = kcp_writes_since(&s, kcp_mark);
+    assert!(kcp_writes.is_empty(), "shadow mode wrote to the KCP: {:?}", describe(&kcp_writes));
+    assert!(s.condition("k1").await.is_none(), "no ModuleCatalog condition");
+}
+
+/// A KLM-like status writer force-applies the whole Kyma status every second, its own
+/// `ModuleCatalog` condition included: catalogsync, which wrote the condition before the
+/// writer came, leaves it alone (no write, one log line, the contested gauge); once the
+/// writer's apply no longer includes the condition (KLM changed) catalogsync writes it again.
+#[tokio::test]
+async fn condition_kept_by_another_manager_is_left_alone() {
+    let env = testenv::env();
+    let mut s = Scenario::new("klm-cond").await.expect("scenario");
+    s.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
+    s.add_kyma("k1", &env.skr_a, &[]).await.expect("kyma");
+    s.start(&["--resync-period", "1s"]).expect("start");
+    s.await_condition("k1", "True", "CatalogSynced", PROMPT).await;
+
+    let mark = env.kcp.read_audit_events().len();
+    let writer =
+        testenv::klm::KlmStatusWriter::start(s.kcp.clone(), &s.ns, vec!["k1".to_owned()], Duration::from_secs(1));
+    s.await_condition("k1", "True", "Ready", PROMPT).await;
+    await_gauge(&s, "catalogsync_kyma_condition_contested", &[], 1.0).await;
+    let done = s.metric("catalogsync_sync_runs_total", &[r#"result="success""#]).await;
+    let done = await_syncs(&s, done, 10.0).await;
+    let klm_writes = writer.stop().await.expect("stop the writer");
+    // One write: catalogsync gives up its share of the condition it wrote before the writer
+    // came (fields both applied with the same value stay shared otherwise).
+    let contested = kcp_writes_since(&s, mark);
+    assert_eq!(contested.len(), 1, "catalogsync wrote beside the status writer: {:?}", describe(&contested));
+    assert_eq!(s.log().matches("Another field manager keeps applying the condition").count(), 1, "reported once");
+    eprintln!("contested: 1 KCP write by catalogsync over {done} syncs while the writer made {klm_writes}");
+
+    // KLM no longer writes the condition: its apply leaves it out, so the condition it owned
+    // goes, and catalogsync's next sync writes its own.
+    let mut changed = testenv::klm::klm_status_body("k1", &s.ns, 1, true);
+    let conditions = changed["status"]["conditions"].as_array_mut().expect("conditions");
+    conditions.retain(|c| c["type"] != "ModuleCatalog");
+    let params = kube::api::PatchParams::apply(testenv::klm::KLM_STATUS_MANAGER).force();
+    s.kymas().patch_status("k1", &params, &kube::api::Patch::Apply(&changed)).await.expect("KLM without the condition");
+    s.await_condition("k1", "True", "CatalogSynced", PROMPT).await;
+    await_gauge(&s, "catalogsync_kyma_condition_contested", &[], 0.0).await;
+    let after = kcp_writes_since(&s, mark);
+    assert_eq!(after.len(), 2, "giving up its share, then one condition write: {:?}", describe(&after));
 }

@@ -22,6 +22,7 @@ use catalogsync::metrics::{HandoverOp, Metrics, RequestResult, SkrVerb, SyncOutc
 use catalogsync::sharding::ShardView;
 use catalogsync::sharding::agent::{ShardRow, ShardState, ShardsDebug};
 use catalogsync::sharding::coordinator::CoordinatorView;
+use catalogsync::sync::kymas::{KymaRecords, ShadowCounts};
 use prometheus::proto::MetricType;
 
 use testenv::docs;
@@ -79,6 +80,10 @@ fn populated() -> Metrics {
     let (_, coordinator) = tokio::sync::watch::channel(CoordinatorView::default());
     let (kymas, _) = kube::runtime::reflector::store();
     metrics.observe_coordinator(coordinator, kymas, ShardView::single_replica()).expect("coordinator gauges register");
+    let records = std::sync::Arc::new(KymaRecords::new(metrics.sync.clone(), metrics.skr.clone()));
+    records.set_contested("k", 0, true);
+    records.set_shadow("k", 0, ShadowCounts::default());
+    metrics.observe_kymas(records).expect("Kyma gauges register");
     metrics
 }
 

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed};
+use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, KindMemory, Observed, Plan, plan};
 
 /// The comparison of one kind in one SKR; names sorted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -86,31 +86,40 @@ impl Comparison {
     }
 }
 
-/// Compares one kind. A desired object whose observed copy was not read in full
-/// (`content: None`) counts as different: nothing proves it holds the desired copy.
+/// Compares one kind from full lists. A desired object whose observed copy was not read in
+/// full (`content: None`) counts as different: nothing proves it holds the desired copy.
 pub fn compare_kind(desired: &BTreeMap<String, DesiredObject>, observed: &[Observed]) -> KindComparison {
-    let mut out = KindComparison::default();
-    let by_name: BTreeMap<&str, &Observed> = observed.iter().map(|o| (o.name.as_str(), o)).collect();
-    for (name, want) in desired {
-        match by_name.get(name.as_str()) {
-            None => out.missing.push(name.clone()),
-            Some(have) if have.content.as_ref().is_some_and(|d| d.holds(&want.digest)) => {
-                out.in_agreement.push(name.clone());
-            }
-            Some(_) => out.different.push(name.clone()),
+    KindComparison::of_plan(&plan(desired, observed, &KindMemory::new()), observed)
+}
+
+impl KindComparison {
+    /// The comparison a plan implies: what it leaves unchanged agrees, what it applies is
+    /// missing or different, what it prunes is extra, and the unmanaged objects it does not
+    /// name are user-owned. With this replica's memory of verified copies, a metadata-only
+    /// list is enough for the copies it remembers.
+    pub fn of_plan(plan: &Plan, observed: &[Observed]) -> Self {
+        let held: BTreeMap<&str, &Observed> = observed.iter().map(|o| (o.name.as_str(), o)).collect();
+        let mut out = KindComparison {
+            in_agreement: plan.unchanged.iter().map(|(name, _, _)| name.clone()).collect(),
+            extra: plan.prune.iter().map(|o| o.name.clone()).collect(),
+            ..KindComparison::default()
+        };
+        let applied: std::collections::BTreeSet<&str> = plan.apply.iter().map(|o| o.name.as_str()).collect();
+        for want in &plan.apply {
+            let bucket = if held.contains_key(want.name.as_str()) { &mut out.different } else { &mut out.missing };
+            bucket.push(want.name.clone());
         }
+        let agreed: std::collections::BTreeSet<&str> = out.in_agreement.iter().map(String::as_str).collect();
+        out.user_owned = held
+            .values()
+            .filter(|o| !o.managed && !applied.contains(o.name.as_str()) && !agreed.contains(o.name.as_str()))
+            .map(|o| o.name.clone())
+            .collect();
+        for list in [&mut out.in_agreement, &mut out.missing, &mut out.different, &mut out.extra, &mut out.user_owned] {
+            list.sort();
+        }
+        out
     }
-    for (name, have) in by_name {
-        if desired.contains_key(name) {
-            continue;
-        }
-        if have.managed {
-            out.extra.push(name.to_owned());
-        } else {
-            out.user_owned.push(name.to_owned());
-        }
-    }
-    out
 }
 
 #[cfg(test)]

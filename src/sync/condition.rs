@@ -1,10 +1,10 @@
 //! The `ModuleCatalog` condition: computing it (pure) and deciding whether it needs a write.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ManagedFieldsEntry, Time};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-use crate::api::{GROUP, Kyma, MODULE_CATALOG_CONDITION, VERSION};
+use crate::api::{GROUP, KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, VERSION};
 use crate::error::ConditionReason;
 
 crate::label_enum! {
@@ -34,6 +34,81 @@ pub struct Wanted {
 /// The current `ModuleCatalog` condition of a Kyma, if any.
 pub fn current(kyma: &Kyma) -> Option<&Condition> {
     kyma.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == MODULE_CATALOG_CONDITION)
+}
+
+/// Whether a managed-fields entry owns (part of) the `ModuleCatalog` condition: its
+/// `fieldsV1` has `f:status` / `f:conditions` / `k:{"type":"ModuleCatalog"}`.
+fn owns_condition(entry: &ManagedFieldsEntry) -> bool {
+    let Some(conditions) = entry
+        .fields_v1
+        .as_ref()
+        .and_then(|f| f.0.get("f:status"))
+        .and_then(|status| status.get("f:conditions"))
+        .and_then(Value::as_object)
+    else {
+        return false;
+    };
+    conditions.keys().filter_map(|key| key.strip_prefix("k:")).any(|key| {
+        serde_json::from_str::<Value>(key)
+            .is_ok_and(|k| k.get("type").and_then(Value::as_str) == Some(MODULE_CATALOG_CONDITION))
+    })
+}
+
+/// The managed-fields entries of a Kyma that own its `ModuleCatalog` condition, without their
+/// field sets (all that is kept of a Kyma's managed fields in the cache).
+pub fn condition_owners(entries: &[ManagedFieldsEntry]) -> Vec<ManagedFieldsEntry> {
+    entries
+        .iter()
+        .filter(|e| owns_condition(e))
+        .map(|e| ManagedFieldsEntry {
+            manager: e.manager.clone(),
+            operation: e.operation.clone(),
+            subresource: e.subresource.clone(),
+            ..ManagedFieldsEntry::default()
+        })
+        .collect()
+}
+
+/// The field manager, other than catalogsync, that keeps applying the Kyma's `ModuleCatalog`
+/// condition, if any: an owner of the condition whose operation is `Apply` (a server-side
+/// applier states its intent on every write, as lifecycle-manager's forced status apply does).
+/// An owner by `Update` (a one-off edit) is not a contest; catalogsync's forced apply takes
+/// the fields over from it. `kyma` must carry the entries [`condition_owners`] keeps.
+pub fn contested_by(kyma: &Kyma) -> Option<&str> {
+    kyma.metadata.managed_fields.iter().flatten().find_map(|e| {
+        let manager = e.manager.as_deref()?;
+        (manager != KCP_FIELD_MANAGER && e.operation.as_deref() == Some("Apply") && owns_condition_kept(e))
+            .then_some(manager)
+    })
+}
+
+/// Whether a cached entry (field set already dropped by [`condition_owners`]) or a full one
+/// owns the condition.
+fn owns_condition_kept(entry: &ManagedFieldsEntry) -> bool {
+    entry.fields_v1.is_none() || owns_condition(entry)
+}
+
+/// Whether catalogsync still owns a part of the Kyma's `ModuleCatalog` condition. Beside
+/// another applier it must let go of it: a field both applied with the same value stays
+/// shared, and when the other manager later leaves the condition out of its apply, the
+/// remains (`type`, `status`) would make that apply fail validation. `kyma` must carry the
+/// entries [`condition_owners`] keeps.
+pub fn owned_by_us(kyma: &Kyma) -> bool {
+    kyma.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .any(|e| e.manager.as_deref() == Some(KCP_FIELD_MANAGER) && owns_condition_kept(e))
+}
+
+/// The status apply body that gives up every status field catalogsync owns: an apply
+/// without them leaves them to their other owners (and removes those nobody else owns).
+pub fn release_body(kyma: &Kyma) -> Value {
+    json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": "Kyma",
+        "metadata": {"name": kyma.metadata.name, "namespace": kyma.metadata.namespace},
+    })
 }
 
 /// Whether `current` already says what `wanted` says (no write needed).
@@ -112,6 +187,43 @@ mod tests {
         };
         let body = apply_body(&kyma, cur, &now_true, now);
         assert_eq!(body["status"]["conditions"][0]["lastTransitionTime"], json!(Time(now)));
+    }
+
+    fn entry(manager: &str, operation: &str, fields: Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            subresource: Some("status".into()),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(fields)),
+            ..ManagedFieldsEntry::default()
+        }
+    }
+
+    #[test]
+    fn another_applier_of_the_condition_contests_it() {
+        let catalog = json!({"f:status": {"f:conditions": {
+            "k:{\"type\":\"CRDsSync\"}": {".": {}},
+            "k:{\"type\":\"ModuleCatalog\"}": {".": {}, "f:status": {}},
+        }}});
+        let other = json!({"f:status": {"f:conditions": {"k:{\"type\":\"Modules\"}": {".": {}}}, "f:state": {}}});
+        let entries = vec![
+            entry("lifecycle-manager", "Apply", catalog.clone()),
+            entry("kubectl-edit", "Update", catalog.clone()),
+            entry("someone", "Apply", other),
+            entry(KCP_FIELD_MANAGER, "Apply", catalog),
+        ];
+        let kept = condition_owners(&entries);
+        let managers: Vec<_> = kept.iter().filter_map(|e| e.manager.as_deref()).collect();
+        assert_eq!(managers, ["lifecycle-manager", "kubectl-edit", KCP_FIELD_MANAGER]);
+        assert!(kept.iter().all(|e| e.fields_v1.is_none()), "field sets are not kept");
+
+        let mut kyma = Kyma::new("k", Default::default());
+        kyma.metadata.managed_fields = Some(kept);
+        assert_eq!(contested_by(&kyma), Some("lifecycle-manager"));
+        kyma.metadata.managed_fields = Some(condition_owners(&entries[1..]));
+        assert_eq!(contested_by(&kyma), None, "a one-off Update and catalogsync itself do not contest it");
+        kyma.metadata.managed_fields = Some(entries[2..3].to_vec());
+        assert_eq!(contested_by(&kyma), None, "an applier of other conditions does not contest it");
     }
 
     #[test]

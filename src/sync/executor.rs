@@ -26,7 +26,9 @@ use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTe
 use crate::catalog::plan::needs_content;
 use crate::catalog::render::CopyDigest;
 use crate::catalog::verify::{AfterApply, CrdCheck, CrdState, after_apply, crd_check, crd_state};
-use crate::catalog::{CatalogKind, DesiredObject, DesiredSet, Observed, Orphan, Plan, plan};
+use crate::catalog::{
+    CatalogKind, Comparison, DesiredObject, DesiredSet, KindComparison, Observed, Orphan, Plan, plan,
+};
 use crate::error::{Result, SyncError};
 use crate::metrics::{SkrClientMetrics, SkrVerb};
 use crate::skr::SkrState;
@@ -357,6 +359,47 @@ impl SkrTarget<'_> {
         Ok(res.map_err(wrap)?.resource_version().unwrap_or_default())
     }
 
+    /// Shadow mode's sync: compares `desired` with what the SKR holds and writes nothing. It
+    /// reads as an active sync would (metadata-only lists while `state` is warm, a full list
+    /// of a kind when a copy it does not remember is in the way) and remembers the copies it
+    /// found in agreement, so a fleet in agreement costs two metadata-only lists per SKR per
+    /// resync. A kind whose CRD the SKR does not serve holds nothing.
+    ///
+    /// # Errors
+    /// A list that fails otherwise; `state` is left cold then.
+    pub async fn compare(&self, desired: &DesiredSet, state: &mut SkrState) -> Result<Comparison> {
+        let result = self.compare_inner(desired, state).await;
+        state.warm = result.is_ok();
+        result
+    }
+
+    async fn compare_inner(&self, desired: &DesiredSet, state: &mut SkrState) -> Result<Comparison> {
+        let mut out = Comparison::default();
+        for kind in CatalogKind::ALL {
+            let memory = state.memory.entry(kind).or_default();
+            let mut observed = self.list_served(kind, !state.warm).await?;
+            memory.retain_names(observed.iter().map(|o| o.name.as_str()));
+            let mut planned = plan(desired.of(kind), &observed, memory);
+            if !planned.apply.is_empty() && observed.iter().any(|o| o.content.is_none()) {
+                observed = self.list_served(kind, true).await?;
+                planned = plan(desired.of(kind), &observed, memory);
+            }
+            for (name, rv, hash) in &planned.unchanged {
+                memory.remember(name, rv, *hash);
+            }
+            *out.of_mut(kind) = KindComparison::of_plan(&planned, &observed);
+        }
+        Ok(out)
+    }
+
+    /// [`list`](Self::list), with a kind the SKR does not serve (404) as empty.
+    async fn list_served(&self, kind: CatalogKind, full: bool) -> Result<Vec<Observed>> {
+        match self.list(kind, full).await {
+            Err(SyncError::ListSkrObjects { source, .. }) if is_not_found(&source) => Ok(Vec::new()),
+            other => other,
+        }
+    }
+
     /// Reads, without writing anything, what the SKR holds of both kinds, in full (each item
     /// digested): the input of a [`Comparison`](crate::catalog::Comparison). A kind whose
     /// CRD the SKR does not serve (404) holds nothing.
@@ -366,12 +409,7 @@ impl SkrTarget<'_> {
     pub async fn observe(&self) -> Result<BTreeMap<CatalogKind, Vec<Observed>>> {
         let mut out = BTreeMap::new();
         for kind in CatalogKind::ALL {
-            let observed = match self.list(kind, true).await {
-                Ok(o) => o,
-                Err(SyncError::ListSkrObjects { source, .. }) if is_not_found(&source) => Vec::new(),
-                Err(err) => return Err(err),
-            };
-            out.insert(kind, observed);
+            out.insert(kind, self.list_served(kind, true).await?);
         }
         Ok(out)
     }

@@ -4,12 +4,13 @@
 //! with that SKR's sync state. One record per Kyma, under one lock, so forgetting a Kyma
 //! forgets all of it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
 
+use crate::catalog::{CatalogKind, Comparison};
 use crate::error::Result;
 use crate::metrics::{EvictionReason, SkrClientMetrics, SyncMetrics};
 use crate::skr::connector::secret_version;
@@ -40,12 +41,75 @@ struct Record {
     pending: Option<u32>,
     /// The access to its SKR, with the SKR's sync state.
     skr: Option<Arc<SkrEntry>>,
+    /// What its last sync found, for the scrape-time gauges.
+    findings: Option<Findings>,
 }
 
 impl Record {
     fn is_empty(&self) -> bool {
-        self.failures == 0 && self.synced.is_none() && self.pending.is_none() && self.skr.is_none()
+        self.failures == 0
+            && self.synced.is_none()
+            && self.pending.is_none()
+            && self.skr.is_none()
+            && self.findings.is_none()
     }
+}
+
+/// What the last sync of one Kyma found, summed per shard by the scrape-time gauges
+/// (`catalogsync_kyma_condition_contested`, `catalogsync_shadow_*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Findings {
+    /// The Kyma's shard.
+    pub shard: u32,
+    /// Another manager keeps the Kyma's `ModuleCatalog` condition.
+    pub contested: bool,
+    /// The last comparison of shadow mode.
+    pub shadow: Option<ShadowCounts>,
+}
+
+/// How far an SKR is from the desired catalog: per kind (in [`CatalogKind::ALL`] order),
+/// the objects missing, different and extra.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShadowCounts {
+    /// Desired objects absent from the SKR.
+    pub missing: [u64; 2],
+    /// Desired objects the SKR holds with other content.
+    pub different: [u64; 2],
+    /// Managed copies that are not desired.
+    pub extra: [u64; 2],
+}
+
+impl ShadowCounts {
+    /// The counts of a comparison.
+    pub fn of(comparison: &Comparison) -> Self {
+        let mut out = Self::default();
+        for (i, kind) in CatalogKind::ALL.into_iter().enumerate() {
+            let c = comparison.of(kind);
+            let n = |v: &Vec<String>| u64::try_from(v.len()).unwrap_or(u64::MAX);
+            out.missing[i] = n(&c.missing);
+            out.different[i] = n(&c.different);
+            out.extra[i] = n(&c.extra);
+        }
+        out
+    }
+
+    /// Whether the SKR holds exactly the desired catalog.
+    pub fn agrees(&self) -> bool {
+        [self.missing, self.different, self.extra].iter().flatten().all(|n| *n == 0)
+    }
+}
+
+/// The findings of one shard's Kymas, summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardFindings {
+    /// Kymas whose `ModuleCatalog` condition another manager keeps.
+    pub contested: u64,
+    /// SKRs in agreement (shadow mode).
+    pub agree: u64,
+    /// SKRs not in agreement (shadow mode).
+    pub disagree: u64,
+    /// The objects of the SKRs not in agreement, summed.
+    pub objects: ShadowCounts,
 }
 
 /// The queue depth of one shard after a change.
@@ -167,6 +231,7 @@ impl KymaRecords {
             if let Some(r) = records.by_kyma.get_mut(kyma) {
                 r.failures = 0;
                 r.synced = None;
+                r.findings = None;
             }
             records.clean(kyma);
             depth
@@ -223,6 +288,50 @@ impl KymaRecords {
             self.skr_metrics.evicted(reason);
             self.skr_metrics.cached_clients(cached);
         }
+    }
+
+    /// Records whether another manager keeps `kyma`'s condition; returns whether that is
+    /// new (it was not contested before), so it is reported once per contest.
+    pub fn set_contested(&self, kyma: &str, shard: u32, contested: bool) -> bool {
+        self.lock().change(kyma, |r| {
+            let findings = r.findings.get_or_insert(Findings { shard, ..Findings::default() });
+            let new = contested && !findings.contested;
+            findings.shard = shard;
+            findings.contested = contested;
+            new
+        })
+    }
+
+    /// Records the last shadow comparison of `kyma`'s SKR; returns whether it differs from
+    /// the one before.
+    pub fn set_shadow(&self, kyma: &str, shard: u32, counts: ShadowCounts) -> bool {
+        self.lock().change(kyma, |r| {
+            let findings = r.findings.get_or_insert(Findings { shard, ..Findings::default() });
+            findings.shard = shard;
+            findings.shadow.replace(counts) != Some(counts)
+        })
+    }
+
+    /// The findings of every shard with a Kyma that has some, summed per shard.
+    pub fn findings(&self) -> BTreeMap<u32, ShardFindings> {
+        let mut out: BTreeMap<u32, ShardFindings> = BTreeMap::new();
+        for found in self.lock().by_kyma.values().filter_map(|r| r.findings) {
+            let shard = out.entry(found.shard).or_default();
+            shard.contested += u64::from(found.contested);
+            if let Some(counts) = found.shadow {
+                if counts.agrees() {
+                    shard.agree += 1;
+                } else {
+                    shard.disagree += 1;
+                }
+                for i in 0..2 {
+                    shard.objects.missing[i] += counts.missing[i];
+                    shard.objects.different[i] += counts.different[i];
+                    shard.objects.extra[i] += counts.extra[i];
+                }
+            }
+        }
+        out
     }
 
     /// Number of Kymas with a record.
@@ -287,6 +396,24 @@ mod tests {
         assert!(!book.lock().pending_per_shard.contains_key(&3), "no stuck depth");
         book.forget("gone", EvictionReason::Deleted);
         assert!(book.is_empty(), "every record is gone");
+    }
+
+    #[test]
+    fn findings_are_summed_per_shard_and_a_contest_is_new_once() {
+        let book = records();
+        assert!(book.set_contested("a", 1, true), "newly contested");
+        assert!(!book.set_contested("a", 1, true), "still contested: not new");
+        book.set_contested("b", 1, false);
+        let behind = ShadowCounts { missing: [1, 0], different: [0, 2], extra: [0, 1] };
+        book.set_shadow("b", 1, behind);
+        book.set_shadow("c", 2, ShadowCounts::default());
+        let found = book.findings();
+        assert_eq!(found[&1], ShardFindings { contested: 1, agree: 0, disagree: 1, objects: behind });
+        assert_eq!(found[&2], ShardFindings { agree: 1, ..ShardFindings::default() });
+        book.forget("b", EvictionReason::Released);
+        assert_eq!(book.findings()[&1].disagree, 0, "a released Kyma leaves the sums");
+        assert!(!book.set_contested("a", 1, false), "no longer contested");
+        assert!(book.set_contested("a", 1, true), "contested anew");
     }
 
     #[test]

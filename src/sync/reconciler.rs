@@ -21,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::api::{KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, SKIP_RECONCILIATION_LABEL, is_flag_on};
-use crate::catalog::CatalogKind;
+use crate::catalog::{CatalogKind, Comparison};
+use crate::config::Mode;
 use crate::error::ConditionReason;
 use crate::error::{Result, SyncError};
 use crate::metrics::{EvictionReason, Metrics, ObjectOp, SkipReason, SyncOutcome};
@@ -29,12 +30,14 @@ use crate::sharding::ShardView;
 use crate::skr::{AccessSecrets, SkrConnector};
 use crate::sync::condition::{self, ConditionStatus, Wanted};
 use crate::sync::executor::{SkrTarget, SyncReport};
-use crate::sync::kymas::KymaRecords;
+use crate::sync::kymas::{KymaRecords, ShadowCounts};
 use crate::sync::state::{CatalogState, sync_fingerprint};
 
 /// Sync settings taken from the command line.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// Sync, or only compare.
+    pub mode: crate::config::Mode,
     /// SKR namespace of the copies.
     pub sync_namespace: String,
     /// Restricted module names.
@@ -113,10 +116,13 @@ fn skip_reason(kyma: &Kyma) -> Option<SkipReason> {
 }
 
 /// Keeps only what the controller needs of a Kyma in the cache: identity, labels,
-/// generation, deletion timestamp and the `ModuleCatalog` condition. A Kyma's status and
+/// generation, deletion timestamp, the `ModuleCatalog` condition and which field managers own
+/// it. A Kyma's status and
 /// managed fields are large; 5,000 of them would otherwise dominate memory.
 pub fn trim(kyma: &mut Kyma) {
-    kyma.metadata.managed_fields = None;
+    // Of the managed fields, only who owns the `ModuleCatalog` condition.
+    let owners = kyma.metadata.managed_fields.as_deref().map(condition::condition_owners).unwrap_or_default();
+    kyma.metadata.managed_fields = (!owners.is_empty()).then_some(owners);
     kyma.metadata.annotations = None;
     kyma.spec = Default::default();
     let condition = condition::current(kyma).cloned();
@@ -198,6 +204,23 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     };
 
     let shard = in_flight.shard();
+    if let Some(manager) = condition::contested_by(&kyma) {
+        if ctx.kymas.set_contested(&name, shard, true) {
+            info!(
+                %manager,
+                condition = MODULE_CATALOG_CONDITION,
+                "Another field manager keeps applying the condition; leaving it to that manager"
+            );
+        }
+        if ctx.settings.mode == Mode::Active && condition::owned_by_us(&kyma) {
+            release_condition(&kyma, &ctx).await;
+        }
+    } else {
+        ctx.kymas.set_contested(&name, shard, false);
+    }
+    if ctx.settings.mode == Mode::Shadow {
+        return shadow(&kyma, shard, &ctx).await;
+    }
     let timer = ctx.metrics.sync.measure(shard);
     let catalog = Arc::clone(&ctx.catalog.borrow());
     let desired = catalog.desired(kyma.labels(), &ctx.settings.restricted_modules);
@@ -258,6 +281,72 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
             Err(err)
         }
     }
+}
+
+/// Shadow mode's reconcile: compares what the SKR holds with the desired catalog, records
+/// the verdict for the `catalogsync_shadow_*` gauges, and writes nothing anywhere.
+async fn shadow(kyma: &Kyma, shard: u32, ctx: &Context) -> Result<Action> {
+    let name = kyma.name_any();
+    let timer = ctx.metrics.sync.measure(shard);
+    let catalog = Arc::clone(&ctx.catalog.borrow());
+    let desired = catalog.desired(kyma.labels(), &ctx.settings.restricted_modules);
+    let result = match tokio::time::timeout(ctx.settings.sync_timeout, compare_skr(kyma, &desired.set, ctx)).await {
+        Ok(r) => r,
+        Err(_) => Err(SyncError::SyncTimeout(ctx.settings.sync_timeout)),
+    };
+    drop(timer);
+    match result {
+        Ok(comparison) => {
+            ctx.metrics.sync.finished(shard, SyncOutcome::Synced);
+            ctx.kymas.finish(&name, Some(sync_fingerprint(&desired, &catalog)));
+            let counts = ShadowCounts::of(&comparison);
+            if ctx.kymas.set_shadow(&name, shard, counts) && !counts.agrees() {
+                let differ = |list: fn(&crate::catalog::KindComparison) -> &Vec<String>| {
+                    CatalogKind::ALL.map(|k| list(comparison.of(k)).join(",")).join(";")
+                };
+                info!(
+                    missing = %differ(|c| &c.missing),
+                    different = %differ(|c| &c.different),
+                    extra = %differ(|c| &c.extra),
+                    "Shadow: the SKR does not hold the desired catalog (ModuleTemplates;ModuleReleaseMetas)"
+                );
+            } else {
+                debug!(agrees = counts.agrees(), "Shadow: compared the SKR with the desired catalog");
+            }
+            Ok(Action::requeue(jittered(ctx.settings.resync_period, ctx.settings.resync_jitter)))
+        }
+        Err(err) => {
+            ctx.metrics.sync.finished(shard, SyncOutcome::Failed(err.reason()));
+            ctx.kymas.finish(&name, None);
+            if err.evicts_client() {
+                ctx.kymas.evict_skr(&name, EvictionReason::Error);
+            }
+            warn!(
+                reason = err.reason().as_str(),
+                error = &err as &dyn std::error::Error,
+                "Shadow: failed to read the SKR"
+            );
+            Err(err)
+        }
+    }
+}
+
+async fn compare_skr(kyma: &Kyma, desired: &crate::catalog::DesiredSet, ctx: &Context) -> Result<Comparison> {
+    let name = kyma.name_any();
+    let secret = ctx.secrets.find(&name, &kyma.namespace().unwrap_or_default())?;
+    let entry = ctx.kymas.skr(&name, &secret, &ctx.connector).await?;
+    let client = entry.access.client().await?;
+    let mut state = entry.state.lock().await;
+    let target = SkrTarget {
+        client: &client,
+        namespace: &ctx.settings.sync_namespace,
+        concurrency: ctx.settings.skr_concurrency,
+        request_timeout: ctx.settings.skr_request_timeout,
+        metrics: &ctx.metrics.skr,
+        may_write: &|| false,
+        full_lists: &ctx.full_lists,
+    };
+    target.compare(desired, &mut state).await
 }
 
 /// Backoff after a failed reconcile: exponential per Kyma, with jitter, capped.
@@ -325,11 +414,13 @@ async fn sync_skr(
     target.sync(desired, &catalog.crds, &mut state).await
 }
 
-/// Writes the `ModuleCatalog` condition when it differs from the cached one. Returns whether
-/// it wrote.
+/// Writes the `ModuleCatalog` condition when it differs from the cached one and no other
+/// field manager keeps applying it. Returns whether it wrote.
 async fn write_condition(kyma: &Kyma, wanted: &Wanted, ctx: &Context) -> Result<bool> {
     let current = condition::current(kyma);
-    if condition::is_current(current, wanted) {
+    // Another manager keeps applying it: writing would start a war (counted and reported
+    // once, when the reconcile began).
+    if condition::is_current(current, wanted) || condition::contested_by(kyma).is_some() {
         return Ok(false);
     }
     let body = condition::apply_body(kyma, current, wanted, Timestamp::now());
@@ -346,6 +437,21 @@ async fn write_condition(kyma: &Kyma, wanted: &Wanted, ctx: &Context) -> Result<
         "Updated Kyma condition"
     );
     Ok(true)
+}
+
+/// Gives up catalogsync's share of a condition another manager keeps applying (one status
+/// apply without it). A failure is logged; the next reconcile tries again.
+async fn release_condition(kyma: &Kyma, ctx: &Context) {
+    let api: Api<Kyma> = Api::namespaced(ctx.kcp.clone(), &kyma.namespace().unwrap_or_default());
+    let (name, body) = (kyma.name_any(), condition::release_body(kyma));
+    let (params, patch) = (PatchParams::apply(KCP_FIELD_MANAGER).force(), Patch::Apply(&body));
+    let release = api.patch_status(&name, &params, &patch);
+    match crate::kcp::bounded(ctx.settings.kcp_request_timeout, release).await {
+        Ok(_) => info!(condition = MODULE_CATALOG_CONDITION, "Gave up catalogsync's share of the condition"),
+        Err(error) => {
+            warn!(error = &error as &dyn std::error::Error, "Failed to give up catalogsync's share of the condition");
+        }
+    }
 }
 
 async fn publish_event(kyma: &Kyma, wanted: &Wanted, ctx: &Context) {
