@@ -37,8 +37,14 @@ const FIELD_MANAGER: &str = "deploy-test";
 /// How long a kind may take to appear in discovery (a CRD installed just before).
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(15);
 /// The kustomizations under `deploy/` that are installed on their own.
-const KUSTOMIZATIONS: &[&str] =
-    &["deploy/crds", "deploy/base", "deploy/overlays/hpa", "deploy/monitoring", "deploy/egress-policy"];
+const KUSTOMIZATIONS: &[&str] = &[
+    "deploy/crds",
+    "deploy/base",
+    "deploy/overlays/hpa",
+    "deploy/overlays/shadow",
+    "deploy/monitoring",
+    "deploy/egress-policy",
+];
 
 /// Server-side applies every object with `dryRun=All`: the apiserver validates, defaults and
 /// admits each one (schema, RBAC escalation checks, namespace existence) and stores nothing.
@@ -107,7 +113,9 @@ async fn every_kustomization_renders_and_the_kcp_accepts_it() {
 #[test]
 fn namespaced_objects_name_their_namespace() {
     // A namespaced object without a namespace would land wherever `kubectl apply` points.
-    for dir in ["deploy/base", "deploy/overlays/hpa", "deploy/monitoring", "deploy/egress-policy"] {
+    for dir in
+        ["deploy/base", "deploy/overlays/hpa", "deploy/overlays/shadow", "deploy/monitoring", "deploy/egress-policy"]
+    {
         for doc in render(dir) {
             let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"];
             if !cluster_scoped.contains(&kind_of(&doc)) {
@@ -234,6 +242,19 @@ fn hpa_overlay_leaves_the_replica_count_to_a_slow_scaling_hpa() {
         assert_eq!(p["type"], "Pods");
         assert!(p["value"] == 1 && p["periodSeconds"].as_u64() >= Some(300), "at most one pod per 5 minutes: {p}");
     }
+}
+
+#[test]
+fn shadow_overlay_runs_the_base_in_shadow_mode() {
+    let base = the(&render("deploy/base"), "Deployment").clone();
+    let docs = render("deploy/overlays/shadow");
+    let deploy = the(&docs, "Deployment");
+    let env = deploy["spec"]["template"]["spec"]["containers"][0]["env"].as_array().expect("env");
+    let mode: Vec<&Value> = env.iter().filter(|e| e["name"] == "CATALOGSYNC_MODE").collect();
+    assert_eq!(mode.len(), 1, "one CATALOGSYNC_MODE");
+    assert_eq!(mode[0]["value"], "shadow");
+    let base_env = base["spec"]["template"]["spec"]["containers"][0]["env"].as_array().expect("env").len();
+    assert_eq!(env.len(), base_env + 1, "the base's environment is kept");
 }
 
 /// The ranges `--skr-allowed-destinations=public` refuses. The egress policy's public rule must

@@ -104,6 +104,7 @@ fn klm_writer(
         sync_namespace: s.sync_ns.clone(),
         templates,
         release_metas,
+        channels: BTreeMap::new(),
     }
 }
 

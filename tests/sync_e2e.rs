@@ -148,6 +148,16 @@ fn spec_of(obj: &kube::api::DynamicObject) -> serde_json::Value {
     obj.data["spec"].clone()
 }
 
+/// The `spec` of the SKR copy of a KCP ModuleTemplate `body`: as lifecycle-manager's typed Go
+/// structs encode it (docs/catalog-rules.md R3.3).
+fn copy_spec(body: &serde_json::Value) -> serde_json::Value {
+    let mut spec = body["spec"].clone();
+    if let Some(fields) = spec.as_object_mut() {
+        catalogsync::catalog::render::typed_spec(catalogsync::catalog::CatalogKind::ModuleTemplate, fields);
+    }
+    spec
+}
+
 #[tokio::test]
 async fn catalog_changes_reach_every_skr_without_a_resync() {
     let env = testenv::env();
@@ -174,7 +184,7 @@ async fn catalog_changes_reach_every_skr_without_a_resync() {
     s.apply_catalog(std::slice::from_ref(&updated)).await.expect("update mt");
     for skr in [&env.skr_a, &env.skr_b] {
         testenv::await_condition(PROMPT, "updated keda-1.0.0 descriptor", || async {
-            s.skr_api(skr, MT).get("keda-1.0.0").await.ok().is_some_and(|o| spec_of(&o) == updated["spec"])
+            s.skr_api(skr, MT).get("keda-1.0.0").await.ok().is_some_and(|o| spec_of(&o) == copy_spec(&updated))
         })
         .await;
     }
@@ -248,6 +258,7 @@ async fn drift_is_repaired_and_user_objects_are_left_alone() {
         let mut b = body;
         b["metadata"]["namespace"] = serde_json::json!(s.sync_ns);
         b["metadata"]["labels"]["operator.kyma-project.io/managed-by"] = serde_json::json!("kyma");
+        b["spec"] = copy_spec(&b);
         b
     };
     let ssa = |manager: &'static str| kube::api::PatchParams::apply(manager).force();
@@ -276,7 +287,7 @@ async fn drift_is_repaired_and_user_objects_are_left_alone() {
     let edit = serde_json::json!({"spec": {"version": "6.6.6", "descriptor": {"tampered": true}}});
     mts.patch("keda-1.1.0", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&edit)).await.expect("edit");
     testenv::await_condition(PROMPT, "edited copy repaired", || async {
-        mts.get("keda-1.1.0").await.ok().is_some_and(|o| spec_of(&o) == mt("keda", "1.1.0")["spec"])
+        mts.get("keda-1.1.0").await.ok().is_some_and(|o| spec_of(&o) == copy_spec(&mt("keda", "1.1.0")))
     })
     .await;
     // An SKR admin deletes a copy: it comes back.
@@ -516,9 +527,14 @@ async fn klm_shaped_module_template_round_trips_without_losing_fields() {
     let kcp = s.catalog_api(MT).get("btp-operator-1.1.0").await.expect("kcp mt");
     assert_eq!(spec_of(&kcp), big["spec"], "the KCP CRD dropped fields");
     let copy = s.skr_api(&env.skr_a, MT).get("btp-operator-1.1.0").await.expect("skr copy");
-    assert_eq!(spec_of(&copy), big["spec"], "the SKR copy lost fields");
+    assert_eq!(spec_of(&copy), copy_spec(&big), "the SKR copy lost fields");
+    assert_eq!(copy.data["spec"]["channel"], "", "the zero-valued fields lifecycle-manager sends are sent");
     let annotations = copy.annotations();
     assert_eq!(annotations.get("operator.kyma-project.io/is-cluster-scoped").map(String::as_str), Some("false"));
-    assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+    assert_eq!(
+        annotations.get("kubectl.kubernetes.io/last-applied-configuration").map(String::as_str),
+        Some("{}"),
+        "every KCP annotation, as lifecycle-manager keeps them"
+    );
     assert!(copy.owner_references().is_empty() && copy.finalizers().is_empty());
 }

@@ -40,7 +40,11 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Starts a local KCP and two SKRs and runs catalogsync against them until Ctrl-C.
 #[derive(Parser, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 struct Args {
+    /// With a subcommand, acts on control planes another `local-up` started.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Directory for all files (wiped at start, kept after exit). Default:
     /// `$XDG_CACHE_HOME/catalogsync/local-up` or `~/.cache/catalogsync/local-up`.
     #[arg(long, env = "CATALOGSYNC_LOCAL_UP_DIR")]
@@ -49,6 +53,32 @@ struct Args {
     /// kubeconfig).
     #[arg(long, env = "CATALOGSYNC_LOCAL_UP_NO_CONTROLLER")]
     no_controller: bool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Writes as lifecycle-manager does today, against the control planes a running
+    /// `local-up` started (in the same `--dir`), every `--period` until Ctrl-C: per Kyma, the
+    /// SKR's namespace and catalog CRDs, the catalog copies (its body, field manager
+    /// `catalog-sync`, forced; orphans pruned cluster-wide), and the Kyma's whole status,
+    /// `ModuleCatalog` condition included (owner `lifecycle-manager`, forced). For following
+    /// docs/migration.md on this machine.
+    Klm(KlmArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct KlmArgs {
+    /// The directory of the running `local-up`.
+    #[arg(long, env = "CATALOGSYNC_LOCAL_UP_DIR")]
+    dir: Option<PathBuf>,
+    /// Time between two passes over the Kymas (lifecycle-manager requeues a Ready Kyma after
+    /// 5 minutes; shorter here to see it happen).
+    #[arg(long, default_value = "30s", value_parser = catalogsync::config::parse_duration)]
+    period: Duration,
+    /// lifecycle-manager changed as docs/migration.md says: no catalog sync, and a status
+    /// without the `ModuleCatalog` condition.
+    #[arg(long)]
+    changed: bool,
 }
 
 /// One Kyma of the demo and the SKR it points at.
@@ -65,6 +95,9 @@ const KYMAS: [KymaSpec; 2] = [
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(Command::Klm(klm)) = args.command {
+        return run_klm(klm).await;
+    }
     let base = args.dir.clone().unwrap_or_else(default_dir);
     prepare_dir(&base)?;
     testenv::process::keep_dirs_quietly();
@@ -263,4 +296,77 @@ async fn wait_for_ctrl_c(mut controller: Option<&mut Catalogsync>) {
             }
         }
     }
+}
+
+/// `local-up klm`: lifecycle-manager's writes, every `--period`, until Ctrl-C.
+async fn run_klm(args: KlmArgs) -> Result<()> {
+    let base = args.dir.unwrap_or_else(default_dir);
+    let kubeconfigs = base.join("kubeconfigs");
+    let client = |name: &str| {
+        let path = kubeconfigs.join(format!("{name}.kubeconfig"));
+        async move {
+            let yaml = std::fs::read_to_string(&path).with_context(|| {
+                format!("{} not found: is `hack/local-up.sh` running with this --dir?", path.display())
+            })?;
+            let config = kube::config::Kubeconfig::from_yaml(&yaml)?;
+            let config = kube::Config::from_custom_kubeconfig(config, &Default::default()).await?;
+            Ok::<_, anyhow::Error>(kube::Client::try_from(config)?)
+        }
+    };
+    let kcp = client("kcp").await?;
+    let skrs = [client("skr-1").await?, client("skr-2").await?];
+    let what = if args.changed { "changed: status without ModuleCatalog, no catalog sync" } else { "as today" };
+    println!("writing as lifecycle-manager ({what}) every {:?}; Ctrl-C stops", args.period);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut pass = 0_u64;
+    loop {
+        pass += 1;
+        for (kyma, skr) in KYMAS.iter().zip(&skrs) {
+            let labels = kyma.labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+            match klm_pass(&kcp, skr, kyma.name, &labels, args.changed).await {
+                Ok(done) => println!("pass {pass}: {}: {done}", kyma.name),
+                Err(e) => println!("pass {pass}: {}: failed: {e:#}", kyma.name),
+            }
+        }
+        tokio::select! {
+            _ = &mut ctrl_c => return Ok(()),
+            () = tokio::time::sleep(args.period) => {}
+        }
+    }
+}
+
+/// One lifecycle-manager pass over one Kyma.
+async fn klm_pass(
+    kcp: &kube::Client,
+    skr: &kube::Client,
+    kyma: &str,
+    labels: &std::collections::BTreeMap<String, String>,
+    changed: bool,
+) -> Result<String> {
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    let mut status = testenv::klm::klm_status_body(kyma, KCP_NAMESPACE, 1, true);
+    let mut done = String::new();
+    if changed {
+        let conditions = status["status"]["conditions"].as_array_mut().context("conditions")?;
+        conditions.retain(|c| c["type"] != "ModuleCatalog");
+    } else {
+        let writer = testenv::klm::KlmCatalogWriter::for_kyma(
+            kcp.clone(),
+            KCP_NAMESPACE,
+            skr.clone(),
+            "kyma-system",
+            labels,
+            &Default::default(),
+        )
+        .await?;
+        writer.setup().await?;
+        let pass = writer.pass().await?;
+        done = format!("{} applied, {} pruned; ", pass.applied, pass.deleted);
+    }
+    let ar = kube::api::ApiResource::erase::<catalogsync::api::Kyma>(&());
+    let kymas: Api<DynamicObject> = Api::namespaced_with(kcp.clone(), KCP_NAMESPACE, &ar);
+    let params = PatchParams::apply(testenv::klm::KLM_STATUS_MANAGER).force();
+    kymas.patch_status(kyma, &params, &Patch::Apply(&status)).await.context("status write")?;
+    Ok(format!("{done}status written"))
 }

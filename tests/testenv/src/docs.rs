@@ -32,6 +32,9 @@ pub struct DocRow {
     pub labels: BTreeSet<String>,
     /// The values listed for each label (`shard`'s range as written: `0`, `--shards`).
     pub values: BTreeMap<String, BTreeSet<String>>,
+    /// Served by `--mode shadow` replicas only (its meaning starts with "`--mode shadow`
+    /// only").
+    pub shadow_only: bool,
 }
 
 /// The values listed for each label of a table cell:
@@ -75,12 +78,17 @@ pub fn documented_metrics() -> BTreeMap<String, DocRow> {
     for line in text.lines() {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
         // A table row is `| name | type | labels | meaning |`: empty text before the first bar.
-        let [before, name, kind, labels, ..] = cells[..] else { continue };
+        let [before, name, kind, labels, meaning, ..] = cells[..] else { continue };
         let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) else { continue };
         if !before.is_empty() || !name.starts_with(METRIC_PREFIX) {
             continue;
         }
-        let row = DocRow { kind: kind.to_owned(), labels: label_names(labels), values: label_values(labels) };
+        let row = DocRow {
+            kind: kind.to_owned(),
+            labels: label_names(labels),
+            values: label_values(labels),
+            shadow_only: meaning.starts_with("`--mode shadow` only"),
+        };
         assert!(rows.insert(name.to_owned(), row).is_none(), "{METRICS_DOC} documents {name} twice");
     }
     assert!(

@@ -203,9 +203,51 @@ pub struct KlmCatalogWriter {
     pub templates: BTreeSet<String>,
     /// Desired ModuleReleaseMeta names.
     pub release_metas: BTreeSet<String>,
+    /// `spec.channels` of the desired ModuleReleaseMetas whose channels KLM's filter cut, by
+    /// name (the others are applied with the KCP's channels).
+    pub channels: BTreeMap<String, Value>,
 }
 
 impl KlmCatalogWriter {
+    /// The writer of one Kyma's SKR, with the desired objects of a Kyma labelled
+    /// `kyma_labels`: KLM's filter is catalogsync's (docs/catalog-rules.md section 2, checked
+    /// against KLM's own samples elsewhere), so it is computed with catalogsync's
+    /// [`desired_set`](catalogsync::catalog::desired_set) from the KCP catalog as it is now.
+    ///
+    /// # Errors
+    /// A failed list of the KCP catalog.
+    pub async fn for_kyma(
+        kcp: Client,
+        catalog_namespace: &str,
+        skr: Client,
+        sync_namespace: &str,
+        kyma_labels: &BTreeMap<String, String>,
+        restricted_modules: &BTreeSet<String>,
+    ) -> Result<Self> {
+        let list = |plural: &str| {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(kcp.clone(), catalog_namespace, &catalog_resource(plural));
+            async move { api.list(&ListParams::default()).await.map(|l| l.items) }
+        };
+        let (mts, mrms) = (list(MT).await.context("list MTs")?, list(MRM).await.context("list MRMs")?);
+        let snapshot = catalogsync::catalog::Snapshot::build(mts.iter(), mrms.iter(), sync_namespace);
+        let (desired, _) = catalogsync::catalog::desired_set(&snapshot, kyma_labels, restricted_modules);
+        let channels = desired
+            .release_metas
+            .iter()
+            .filter_map(|(name, obj)| Some((name.clone(), obj.body.value().ok()?["spec"]["channels"].clone())))
+            .collect();
+        Ok(Self {
+            kcp,
+            catalog_namespace: catalog_namespace.to_owned(),
+            skr,
+            sync_namespace: sync_namespace.to_owned(),
+            templates: desired.templates.keys().cloned().collect(),
+            release_metas: desired.release_metas.keys().cloned().collect(),
+            channels,
+        })
+    }
+
     /// What KLM writes to an SKR before its catalog sync on every reconcile: the sync
     /// namespace (labels `managed-by=kyma` and `istio-injection=enabled`, owner
     /// `kyma-sync-context`) and the catalog CRDs from the KCP (`spec` only, conversion `None`,
@@ -259,7 +301,10 @@ impl KlmCatalogWriter {
             let params = PatchParams::apply(KLM_CATALOG_MANAGER).force();
             for name in names {
                 let obj = kcp.get(name).await.with_context(|| format!("KLM: read {plural}/{name} from the KCP"))?;
-                let body = klm_body(&obj, &self.sync_namespace);
+                let mut body = klm_body(&obj, &self.sync_namespace);
+                if let (MRM, Some(channels)) = (plural, self.channels.get(name)) {
+                    body["spec"]["channels"] = channels.clone();
+                }
                 skr.patch(name, &params, &Patch::Apply(&body))
                     .await
                     .with_context(|| format!("KLM: apply {plural}/{name}"))?;
