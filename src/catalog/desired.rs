@@ -11,6 +11,11 @@
 //!    selector whose module is not restricted is skipped with a warning too.
 //! 5. An MRM with a surviving channel is desired, its `spec.channels` cut to the survivors.
 //! 6. The desired MTs are the allowed MTs referenced by a surviving channel.
+//!
+//! One walk over the catalog (`filter_profile`) applies the rules and tells each verdict, with
+//! its reason, to a `Verdicts` observer: [`desired_set`] passes one that keeps nothing, and
+//! [`explain()`] one that keeps everything, so `catalogsync explain` cannot tell a different
+//! story than the filter the controller runs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -19,7 +24,7 @@ use serde_json::Value;
 
 use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
 use crate::catalog::render::CopyDigest;
-use crate::catalog::{CatalogKind, CopyBody, Snapshot, serialize_copy};
+use crate::catalog::{CatalogKind, CopyBody, MrmView, MtView, Snapshot, serialize_copy};
 
 /// One object an SKR should hold.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,7 +177,7 @@ fn selectable<'a>(
 /// The union of the desired sets of every Kyma: what [`Profile::widest`] gets. The shrink
 /// guard counts it to tell how much of the catalog the fleet would lose.
 pub fn widest_desired_set(snapshot: &Snapshot, restricted_modules: &BTreeSet<String>) -> DesiredSet {
-    filter_profile(snapshot, &Profile::widest(snapshot, restricted_modules), restricted_modules).0
+    filter_profile(snapshot, &Profile::widest(snapshot, restricted_modules), restricted_modules, &mut ()).0
 }
 
 /// Computes the desired catalog of a Kyma with `kyma_labels`, given the KCP catalog and the
@@ -183,14 +188,181 @@ pub fn desired_set(
     kyma_labels: &BTreeMap<String, String>,
     restricted_modules: &BTreeSet<String>,
 ) -> (DesiredSet, Vec<Warning>) {
-    filter_profile(snapshot, &Profile::of(snapshot, kyma_labels, restricted_modules), restricted_modules)
+    filter_profile(snapshot, &Profile::of(snapshot, kyma_labels, restricted_modules), restricted_modules, &mut ())
 }
 
-/// The desired catalog of every Kyma with `profile`.
-fn filter_profile(
+crate::label_enum! {
+    /// Why a ModuleTemplate is not allowed for a Kyma (R2.1, R2.2), in the order checked.
+    pub enum Disallowed {
+        /// `spec.mandatory: true`.
+        Mandatory => "mandatory",
+        /// Labelled beta, and the Kyma is not.
+        Beta => "beta",
+        /// Labelled internal, and the Kyma is not.
+        Internal => "internal",
+    }
+}
+
+crate::label_enum! {
+    /// Why a ModuleReleaseMeta is not desired for a Kyma (R2.1, R2.4, R2.5), in the order
+    /// checked.
+    pub enum ReleaseMetaSkip {
+        /// `spec.mandatory` is set (R2.1).
+        Mandatory => "mandatory",
+        /// Its `kymaSelector` does not parse or is not a valid label selector (R2.4 1, with the
+        /// warning of the same name).
+        InvalidSelector => "invalid_selector",
+        /// A valid `kymaSelector` on a module that is not restricted (R2.4 2, with the warning
+        /// of the same name).
+        SelectorOnUnrestrictedModule => "selector_on_unrestricted_module",
+        /// A restricted module's MRM without a `kymaSelector` (or a null one): it matches no
+        /// Kyma (R2.4 3).
+        RestrictedWithoutSelector => "restricted_without_selector",
+        /// A restricted module's MRM with an empty `kymaSelector`: it matches no Kyma (R2.4 3).
+        RestrictedEmptySelector => "restricted_empty_selector",
+        /// A restricted module's `kymaSelector` does not match the Kyma's labels (R2.4 4).
+        SelectorDoesNotMatch => "selector_does_not_match",
+        /// It has no channels (R2.5).
+        NoChannels => "no_channels",
+        /// Every channel entry was cut (R2.3, R2.5); the channels say why.
+        NoChannelSurvives => "no_channel_survives",
+    }
+}
+
+/// Why a channel entry of a considered ModuleReleaseMeta is cut (R2.3): the lookup is by the
+/// name `<spec.moduleName>-<version>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChannelCut {
+    /// No ModuleTemplate has that name.
+    NoTemplate,
+    /// The ModuleTemplate of that name is not allowed for the Kyma.
+    TemplateDisallowed(Disallowed),
+}
+
+impl ChannelCut {
+    /// Every value.
+    pub const ALL: [ChannelCut; 4] = [
+        ChannelCut::NoTemplate,
+        ChannelCut::TemplateDisallowed(Disallowed::Mandatory),
+        ChannelCut::TemplateDisallowed(Disallowed::Beta),
+        ChannelCut::TemplateDisallowed(Disallowed::Internal),
+    ];
+
+    /// The reason code, as `catalogsync explain` prints it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ChannelCut::NoTemplate => "no_template",
+            ChannelCut::TemplateDisallowed(Disallowed::Mandatory) => "template_mandatory",
+            ChannelCut::TemplateDisallowed(Disallowed::Beta) => "template_beta",
+            ChannelCut::TemplateDisallowed(Disallowed::Internal) => "template_internal",
+        }
+    }
+}
+
+/// Why a ModuleTemplate is not desired for a Kyma (R2.2, R2.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TemplateSkip {
+    /// It is not allowed for the Kyma (checked first).
+    Disallowed(Disallowed),
+    /// It is allowed, but no surviving channel of a desired ModuleReleaseMeta offers its
+    /// `<spec.moduleName>-<spec.version>` (R2.6).
+    NotReferenced,
+}
+
+impl TemplateSkip {
+    /// Every value.
+    pub const ALL: [TemplateSkip; 4] = [
+        TemplateSkip::Disallowed(Disallowed::Mandatory),
+        TemplateSkip::Disallowed(Disallowed::Beta),
+        TemplateSkip::Disallowed(Disallowed::Internal),
+        TemplateSkip::NotReferenced,
+    ];
+
+    /// The reason code, as `catalogsync explain` prints it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            TemplateSkip::Disallowed(d) => d.as_str(),
+            TemplateSkip::NotReferenced => "not_referenced",
+        }
+    }
+}
+
+/// What the filter decides for each object, told as it decides it. [`desired_set`] passes
+/// `()`, which keeps nothing (and compiles to nothing); [`explain`] keeps every verdict. One
+/// walk over the catalog decides both, so an explanation cannot disagree with the desired set.
+pub(crate) trait Verdicts {
+    /// The verdict on one channel entry of a ModuleReleaseMeta that passed its gates (told
+    /// before the verdict on the ModuleReleaseMeta itself).
+    fn channel(&mut self, mrm: &MrmView, entry: &ChannelVersion, template: &str, verdict: Result<(), ChannelCut>);
+    /// The verdict on a ModuleReleaseMeta.
+    fn release_meta(&mut self, mrm: &MrmView, verdict: Result<(), ReleaseMetaSkip>);
+    /// The verdict on a ModuleTemplate.
+    fn template(&mut self, mt: &MtView, verdict: Result<(), TemplateSkip>);
+}
+
+impl Verdicts for () {
+    #[inline(always)]
+    fn channel(&mut self, _: &MrmView, _: &ChannelVersion, _: &str, _: Result<(), ChannelCut>) {}
+    #[inline(always)]
+    fn release_meta(&mut self, _: &MrmView, _: Result<(), ReleaseMetaSkip>) {}
+    #[inline(always)]
+    fn template(&mut self, _: &MtView, _: Result<(), TemplateSkip>) {}
+}
+
+/// Whether a ModuleReleaseMeta is considered for a Kyma with `profile` (R2.1, R2.4), before its
+/// channels are looked at.
+fn release_meta_gate(
+    mrm: &MrmView,
+    profile: &Profile,
+    restricted_modules: &BTreeSet<String>,
+) -> Result<(), ReleaseMetaSkip> {
+    if mrm.mandatory {
+        return Err(ReleaseMetaSkip::Mandatory);
+    }
+    let restricted = restricted_modules.contains(&mrm.module_name);
+    match (&mrm.kyma_selector, restricted) {
+        // Checked first: an invalid selector never reaches a match (fail closed).
+        (Some(Err(_)), _) => Err(ReleaseMetaSkip::InvalidSelector),
+        (Some(Ok(_)), false) => Err(ReleaseMetaSkip::SelectorOnUnrestrictedModule),
+        (None, true) => Err(ReleaseMetaSkip::RestrictedWithoutSelector),
+        // An empty selector selects no Kyma (and is not in the profile).
+        (Some(Ok(sel)), true) if sel.is_empty() => Err(ReleaseMetaSkip::RestrictedEmptySelector),
+        (Some(Ok(_)), true) if profile.selections.get(&mrm.name) != Some(&true) => {
+            Err(ReleaseMetaSkip::SelectorDoesNotMatch)
+        }
+        (Some(Ok(_)), true) | (None, false) => Ok(()),
+    }
+}
+
+/// The warning a skipped ModuleReleaseMeta is reported with, if any (R2.4).
+fn warning_of(mrm: &MrmView, skip: ReleaseMetaSkip) -> Option<Warning> {
+    match (skip, &mrm.kyma_selector) {
+        (ReleaseMetaSkip::InvalidSelector, Some(Err(reason))) => {
+            Some(Warning::InvalidSelector { release_meta: mrm.name.clone(), reason: reason.clone() })
+        }
+        (ReleaseMetaSkip::SelectorOnUnrestrictedModule, _) => {
+            Some(Warning::SelectorOnUnrestrictedModule { release_meta: mrm.name.clone() })
+        }
+        _ => None,
+    }
+}
+
+/// Whether a channel entry survives (R2.3): an allowed ModuleTemplate named `template` exists.
+fn channel_gate(snapshot: &Snapshot, template: &str, kyma_beta: bool, kyma_internal: bool) -> Result<(), ChannelCut> {
+    match snapshot.templates.get(template) {
+        None => Err(ChannelCut::NoTemplate),
+        Some(mt) => {
+            mt.disallowed_for(kyma_beta, kyma_internal).map_or(Ok(()), |d| Err(ChannelCut::TemplateDisallowed(d)))
+        }
+    }
+}
+
+/// The desired catalog of every Kyma with `profile`; tells `verdicts` every decision.
+pub(crate) fn filter_profile(
     snapshot: &Snapshot,
     profile: &Profile,
     restricted_modules: &BTreeSet<String>,
+    verdicts: &mut impl Verdicts,
 ) -> (DesiredSet, Vec<Warning>) {
     let (kyma_beta, kyma_internal) = (profile.beta, profile.internal);
     let mut out = DesiredSet::default();
@@ -198,31 +370,10 @@ fn filter_profile(
     let mut wanted_templates = BTreeSet::new();
 
     for mrm in snapshot.release_metas.values() {
-        if mrm.mandatory {
+        if let Err(skip) = release_meta_gate(mrm, profile, restricted_modules) {
+            warnings.extend(warning_of(mrm, skip));
+            verdicts.release_meta(mrm, Err(skip));
             continue;
-        }
-        let restricted = restricted_modules.contains(&mrm.module_name);
-        match (&mrm.kyma_selector, restricted) {
-            // Checked first: an invalid selector never reaches a match (fail closed).
-            (Some(Err(reason)), _) => {
-                warnings.push(Warning::InvalidSelector { release_meta: mrm.name.clone(), reason: reason.clone() });
-                continue;
-            }
-            (Some(Ok(_)), false) => {
-                warnings.push(Warning::SelectorOnUnrestrictedModule { release_meta: mrm.name.clone() });
-                continue;
-            }
-            (None, true) => continue,
-            (Some(Ok(sel)), true) => {
-                // An empty selector selects no Kyma (and is not in the profile).
-                if sel.is_empty() {
-                    continue;
-                }
-                if profile.selections.get(&mrm.name) != Some(&true) {
-                    continue;
-                }
-            }
-            (None, false) => {}
         }
 
         let survivors: Vec<ChannelVersion> = mrm
@@ -230,13 +381,19 @@ fn filter_profile(
             .iter()
             .filter(|c| {
                 let mt_name = format!("{}-{}", mrm.module_name, c.version);
-                snapshot.templates.get(&mt_name).is_some_and(|mt| mt.is_allowed_for(kyma_beta, kyma_internal))
+                let verdict = channel_gate(snapshot, &mt_name, kyma_beta, kyma_internal);
+                verdicts.channel(mrm, c, &mt_name, verdict);
+                verdict.is_ok()
             })
             .cloned()
             .collect();
         if survivors.is_empty() {
+            let skip =
+                if mrm.channels.is_empty() { ReleaseMetaSkip::NoChannels } else { ReleaseMetaSkip::NoChannelSurvives };
+            verdicts.release_meta(mrm, Err(skip));
             continue;
         }
+        verdicts.release_meta(mrm, Ok(()));
         for c in &survivors {
             wanted_templates.insert(format!("{}-{}", mrm.module_name, c.version));
         }
@@ -262,8 +419,13 @@ fn filter_profile(
         // By `<spec.moduleName>-<spec.version>`, not by name (R2.6 in docs/catalog-rules.md, as
         // KLM does), so that catalogsync syncs exactly what KLM synced and a fleet moves over
         // unchanged.
-        let key = format!("{}-{}", mt.module_name, mt.version);
-        if mt.is_allowed_for(kyma_beta, kyma_internal) && wanted_templates.contains(&key) {
+        let verdict = match mt.disallowed_for(kyma_beta, kyma_internal) {
+            Some(d) => Err(TemplateSkip::Disallowed(d)),
+            None if wanted_templates.contains(&format!("{}-{}", mt.module_name, mt.version)) => Ok(()),
+            None => Err(TemplateSkip::NotReferenced),
+        };
+        verdicts.template(mt, verdict);
+        if verdict.is_ok() {
             out.templates.insert(
                 mt.name.clone(),
                 DesiredObject {
@@ -326,7 +488,7 @@ impl ProfileCache {
             return Arc::clone(found);
         }
         // Computed outside the lock; two syncs racing for a new profile compute it twice.
-        let desired = Arc::new(Filtered::new(filter_profile(snapshot, &profile, restricted_modules)));
+        let desired = Arc::new(Filtered::new(filter_profile(snapshot, &profile, restricted_modules, &mut ())));
         let mut cache = self.lock();
         if cache.len() < Self::MAX_PROFILES {
             cache.insert(profile, Arc::clone(&desired));
@@ -349,6 +511,10 @@ impl ProfileCache {
         self.by_profile.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
+
+pub mod explain;
+
+pub use explain::{ChannelVerdict, Explanation, ReleaseMetaVerdict, TemplateVerdict, explain};
 
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,9 @@
 //!  KCP objects ──Snapshot::build──▶ Snapshot ──desired_set(kyma labels)──▶ DesiredSet
 //!                                                                              │
 //!                      observed SKR objects + remembered writes ──plan()──▶ Plan
+//!
+//!  Snapshot ──explain(kyma labels)──▶ Explanation (the verdict on every entry, and the DesiredSet)
+//!  DesiredSet + observed SKR objects ──Comparison::build──▶ Comparison (shadow mode, explain --skr)
 //! ```
 //!
 //! Nothing here holds a `Client`; `sync::executor` performs a `Plan`, and asks [`verify`] what
@@ -20,7 +23,10 @@ pub mod snapshot;
 pub mod verify;
 
 pub use compare::{Comparison, KindComparison};
-pub use desired::{DesiredObject, DesiredSet, Filtered, Profile, ProfileCache, Warning, WarningReason, desired_set};
+pub use desired::{
+    DesiredObject, DesiredSet, Explanation, Filtered, Profile, ProfileCache, Warning, WarningReason, desired_set,
+    explain,
+};
 pub use plan::{KindMemory, Observed, Orphan, Plan, plan};
 pub use snapshot::{MrmView, MtView, Snapshot};
 

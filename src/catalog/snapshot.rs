@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
+use crate::catalog::desired::Disallowed;
 use crate::catalog::render::{CopyDigest, render_copy};
 use crate::catalog::selector::KymaSelector;
 use crate::catalog::{CatalogKind, CopyBody, serialize_copy};
@@ -39,9 +40,23 @@ pub struct MtView {
 }
 
 impl MtView {
+    /// Why a Kyma with these flags may not see this version, or `None` when it may (R2.1, R2.2
+    /// in docs/catalog-rules.md). Checked in this order: mandatory, beta, internal.
+    pub fn disallowed_for(&self, kyma_beta: bool, kyma_internal: bool) -> Option<Disallowed> {
+        if self.mandatory {
+            Some(Disallowed::Mandatory)
+        } else if self.beta && !kyma_beta {
+            Some(Disallowed::Beta)
+        } else if self.internal && !kyma_internal {
+            Some(Disallowed::Internal)
+        } else {
+            None
+        }
+    }
+
     /// Whether a Kyma with these flags may see this version (R2.2 in docs/catalog-rules.md).
     pub fn is_allowed_for(&self, kyma_beta: bool, kyma_internal: bool) -> bool {
-        !self.mandatory && (!self.beta || kyma_beta) && (!self.internal || kyma_internal)
+        self.disallowed_for(kyma_beta, kyma_internal).is_none()
     }
 }
 

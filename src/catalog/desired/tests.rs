@@ -1048,6 +1048,45 @@ proptest! {
     }
 
     #[test]
+    fn explained_desired_entries_are_the_desired_set(
+        catalog in gen_catalog(true),
+        labels in gen_kyma_labels(),
+    ) {
+        let (mts, mrms) = catalog.objects();
+        let snap = snapshot(&mts, &mrms);
+        let restricted = catalog.restricted();
+        let (set, warnings) = desired_set(&snap, &labels, &restricted);
+        let explained = explain(&snap, &labels, &restricted);
+        prop_assert_eq!(explained.desired_release_metas(), set.release_metas.keys().map(String::as_str).collect());
+        prop_assert_eq!(explained.desired_templates(), set.templates.keys().map(String::as_str).collect());
+        prop_assert_eq!(&explained.desired, &set);
+        prop_assert_eq!(&explained.warnings, &warnings);
+        // One verdict per object, with a reason exactly when it is not desired.
+        prop_assert_eq!(explained.release_metas.len(), snap.release_metas.len());
+        prop_assert_eq!(explained.templates.len(), snap.templates.len());
+        let (beta, internal) = flags(&labels);
+        prop_assert_eq!((explained.beta, explained.internal), (beta, internal));
+        for v in &explained.release_metas {
+            prop_assert_eq!(v.desired, v.reason.is_none(), "{:?}", v);
+            if v.desired {
+                // The surviving channels are the desired copy's channels, in order.
+                let survivors: Vec<(String, String)> =
+                    v.channels.iter().filter(|c| c.survives).map(|c| (c.channel.clone(), c.version.clone())).collect();
+                prop_assert_eq!(channels_of(&set, &v.name), survivors);
+            }
+            prop_assert!(v.channels.iter().all(|c| c.survives == c.reason.is_none()), "{:?}", v);
+        }
+        for v in &explained.templates {
+            prop_assert_eq!(v.desired, v.reason.is_none(), "{:?}", v);
+            let mt = &snap.templates[&v.name];
+            let disallowed = mt.disallowed_for(beta, internal).map(TemplateSkip::Disallowed);
+            if disallowed.is_some() {
+                prop_assert_eq!(v.reason, disallowed, "{:?}", v);
+            }
+        }
+    }
+
+    #[test]
     fn desired_set_is_deterministic(
         catalog in gen_catalog(true),
         labels in gen_kyma_labels(),
