@@ -25,7 +25,7 @@ use crate::sharding::ShardView;
 use crate::sharding::agent::{Agent, ShardsDebug};
 use crate::sharding::coordinator::{Coordinator, CoordinatorView};
 use crate::sharding::{Timing, membership};
-use crate::skr::destination::{Destinations, Rule};
+use crate::skr::destination::Rule;
 use crate::skr::kubeconfig::InsecureTls;
 use crate::skr::{AccessSettings, SkrConnector};
 use crate::sync::guard::ShrinkGuard;
@@ -40,9 +40,6 @@ use crate::watches;
 /// own task, not a watch), so this only bounds memory: one entry per owned Kyma fits a
 /// 10,000-Kyma fleet.
 const REQUEUE_CAPACITY: usize = 16_384;
-
-/// SKR connect timeout: a reachable apiserver answers a TCP and TLS handshake well within it.
-const SKR_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Why the controller stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -75,20 +72,13 @@ pub async fn run(args: RunArgs) -> Result<(), AppError> {
     run_with(kcp, kcp_addrs, args, shutdown).await
 }
 
-/// The addresses of the KCP apiserver, which no SKR kubeconfig may name: an access Secret
-/// must not make a replica send requests, with an SKR's credentials, to its own KCP.
+/// The addresses of the KCP apiserver, which no SKR kubeconfig may name
+/// ([`crate::skr::access::kcp_addresses`]).
 async fn kcp_addresses(url: &::http::Uri) -> Vec<SocketAddr> {
-    let Some(host) = url.host() else { return Vec::new() };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port = url.port_u16().unwrap_or(443);
-    let lookup = tokio::net::lookup_host((host, port));
-    match tokio::time::timeout(SKR_CONNECT_TIMEOUT, lookup).await {
-        Ok(Ok(addrs)) => addrs.collect(),
-        _ => {
-            warn!("Failed to resolve the KCP apiserver's address; only --skr-allowed-destinations keeps SKRs off it");
-            Vec::new()
-        }
-    }
+    crate::skr::access::kcp_addresses(url).await.unwrap_or_else(|| {
+        warn!("Failed to resolve the KCP apiserver's address; only --skr-allowed-destinations keeps SKRs off it");
+        Vec::new()
+    })
 }
 
 /// Cancels `token` on SIGTERM or Ctrl-C (SIGINT), logging which.
@@ -526,7 +516,6 @@ impl SkrAccessFlags {
     /// a user agent naming this replica and process.
     fn settings(self, identity: &str, nonce: &str, kcp_addrs: Vec<SocketAddr>, metrics: &Metrics) -> AccessSettings {
         let listed = self.destinations.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
-        let destinations = Destinations::new(self.destinations).deny(kcp_addrs);
         let insecure_tls = if self.allow_insecure_tls {
             warn!(
                 "--allow-insecure-skr-tls is on: SKR kubeconfigs may switch TLS verification off; never in production"
@@ -537,13 +526,13 @@ impl SkrAccessFlags {
             InsecureTls::Refuse
         };
         info!(destinations = %listed, max_response_bytes = self.max_response, "SKR access rules");
-        AccessSettings {
-            user_agent: format!("catalogsync/{} ({identity}) process/{nonce}", env!("CARGO_PKG_VERSION")),
-            connect: SKR_CONNECT_TIMEOUT,
-            destinations: Arc::new(destinations),
+        AccessSettings::from_flags(
+            format!("catalogsync/{} ({identity}) process/{nonce}", env!("CARGO_PKG_VERSION")),
+            self.destinations,
+            kcp_addrs,
             insecure_tls,
-            max_response: self.max_response,
-        }
+            self.max_response,
+        )
     }
 }
 

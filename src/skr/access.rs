@@ -16,7 +16,7 @@ use secrecy::SecretString;
 
 use crate::api::{KUBECONFIG_KEY, KYMA_NAME_LABEL};
 use crate::error::{Result, SyncError};
-use crate::skr::destination::Destinations;
+use crate::skr::destination::{Destinations, Rule};
 use crate::skr::kubeconfig::{self, Credentials, InsecureTls, KubeconfigProblem, ServerHost, SkrKubeconfig};
 use crate::skr::request::SkrClient;
 
@@ -47,6 +47,46 @@ impl AccessSettings {
             insecure_tls: InsecureTls::Refuse,
             max_response: DEFAULT_MAX_RESPONSE,
         }
+    }
+}
+
+/// SKR connect timeout: a reachable apiserver answers a TCP and TLS handshake well within it.
+/// Also bounds the lookup of the KCP apiserver's addresses ([`kcp_addresses`]).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl AccessSettings {
+    /// The settings of the SKR access flags of `run` and `explain`: SKR servers only where
+    /// `rules` (`--skr-allowed-destinations`) allow and never at `kcp_addrs`, the KCP
+    /// apiserver's own addresses ([`kcp_addresses`]); `insecure-skip-tls-verify` only with
+    /// `--allow-insecure-skr-tls`; answers up to `max_response` bytes.
+    pub fn from_flags(
+        user_agent: String,
+        rules: Vec<Rule>,
+        kcp_addrs: Vec<SocketAddr>,
+        insecure_tls: InsecureTls,
+        max_response: usize,
+    ) -> Self {
+        Self {
+            user_agent,
+            connect: CONNECT_TIMEOUT,
+            destinations: Arc::new(Destinations::new(rules).deny(kcp_addrs)),
+            insecure_tls,
+            max_response,
+        }
+    }
+}
+
+/// The addresses of the KCP apiserver at `url`, which no SKR kubeconfig may name: an access
+/// Secret must not make catalogsync send requests, with an SKR's credentials, to its own KCP.
+/// `None` when the name does not resolve within [`CONNECT_TIMEOUT`].
+pub async fn kcp_addresses(url: &http::Uri) -> Option<Vec<SocketAddr>> {
+    let host = url.host()?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = url.port_u16().unwrap_or(443);
+    let lookup = tokio::net::lookup_host((host, port));
+    match tokio::time::timeout(CONNECT_TIMEOUT, lookup).await {
+        Ok(Ok(addrs)) => Some(addrs.collect()),
+        _ => None,
     }
 }
 
