@@ -30,6 +30,113 @@ pub enum Command {
     /// Print the current shard assignment (shard, holder, desired holder, SKR count) from the
     /// Leases, using the current kubeconfig.
     Shards(ShardsArgs),
+    /// Explain one Kyma's module catalog: what its SKR should hold and, for every catalog entry
+    /// it does not get, why. With --skr, also what the SKR holds against that.
+    Explain(Box<ExplainArgs>),
+}
+
+/// Output format of `catalogsync explain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Tables for people.
+    Table,
+    /// One JSON document with stable field names (docs/explain.md).
+    Json,
+}
+
+/// Flags of `catalogsync explain`. The catalog and SKR access flags are those of `run`, with
+/// the same environment variables and defaults, so that in the controller's pod `explain`
+/// gives the controller's answer and refuses what the controller refuses.
+#[derive(Debug, Clone, Args)]
+#[command(
+    long_about = "Explains one Kyma's module catalog, read from the KCP of the current kubeconfig: the \
+                  ModuleReleaseMetas and ModuleTemplates its SKR should hold and, for every catalog entry it \
+                  does not get, why (mandatory, beta, internal, restricted module whose selector does not \
+                  match, invalid selector, selector on a module that is not restricted, no ModuleTemplate for \
+                  a channel's version, not referenced by any surviving channel, old-style, malformed). This \
+                  answers \"why doesn't my cluster have module X\".\n\n\
+                  With --skr it also reads the SKR, through the Kyma's access Secret and under the same rules \
+                  as the controller (kubeconfig allowlist, --skr-allowed-destinations, bounded answers), \
+                  without writing anything, and compares what it holds with the desired catalog: in \
+                  agreement, missing, different, extra (a managed copy the controller would prune) and \
+                  user-owned, per kind. Nothing of the Secret is printed.\n\n\
+                  Exit status: 0 when explained (whether or not the SKR agrees); 1 when the KCP part failed \
+                  (no such Kyma, the KCP could not be read), with nothing on stdout; 3 when the KCP part was \
+                  printed but the SKR could not be read (no or several access Secrets, a refused kubeconfig, \
+                  an unreachable SKR), with the reason in the output and on stderr.",
+    after_help = "Field names of -o json and every reason code: docs/explain.md."
+)]
+pub struct ExplainArgs {
+    /// Name of the Kyma (in --kcp-namespace).
+    #[arg(value_name = "KYMA")]
+    pub kyma: String,
+
+    /// Also read the Kyma's SKR and compare what it holds with the desired catalog.
+    #[arg(long)]
+    pub skr: bool,
+
+    /// Output format.
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: OutputFormat,
+
+    /// Namespace in the KCP that holds the Kymas, their access Secrets and the catalog.
+    #[arg(long, env = "CATALOGSYNC_KCP_NAMESPACE", default_value = "kcp-system", help_heading = "Catalog")]
+    pub kcp_namespace: String,
+
+    /// Namespace in the SKR that holds the catalog copies.
+    #[arg(long, env = "CATALOGSYNC_SYNC_NAMESPACE", default_value = "kyma-system", help_heading = "Catalog")]
+    pub sync_namespace: String,
+
+    /// Comma-separated module names that only Kymas matching the module's
+    /// ModuleReleaseMeta `spec.kymaSelector` may see.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_RESTRICTED_MODULES",
+        value_delimiter = ',',
+        default_value = "",
+        hide_default_value = true,
+        help_heading = "Catalog"
+    )]
+    pub restricted_modules: Vec<String>,
+
+    /// Where SKR apiservers may be, as for `run`: `public`, CIDRs, DNS suffixes. A kubeconfig
+    /// pointing anywhere else (or at the KCP apiserver) is refused without connecting.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_SKR_ALLOWED_DESTINATIONS",
+        value_delimiter = ',',
+        default_value = "public",
+        help_heading = "SKR access"
+    )]
+    pub skr_allowed_destinations: Vec<Rule>,
+
+    /// Accept `insecure-skip-tls-verify: true` in SKR kubeconfigs, as for `run`. For local
+    /// development only.
+    #[arg(long, env = "CATALOGSYNC_ALLOW_INSECURE_SKR_TLS", help_heading = "SKR access")]
+    pub allow_insecure_skr_tls: bool,
+
+    /// Largest SKR answer read, in bytes (suffixes Ki, Mi, Gi), as for `run`.
+    #[arg(long, env = "CATALOGSYNC_SKR_MAX_RESPONSE_SIZE", default_value = "8Mi", value_parser = parse_size, help_heading = "SKR access")]
+    pub skr_max_response_size: usize,
+
+    /// Timeout of one request to the SKR.
+    #[arg(long, env = "CATALOGSYNC_SKR_REQUEST_TIMEOUT", default_value = "3s", value_parser = parse_duration, help_heading = "SKR access")]
+    pub skr_request_timeout: Duration,
+
+    /// Timeout of the whole read of the SKR.
+    #[arg(long, env = "CATALOGSYNC_SYNC_TIMEOUT", default_value = "60s", value_parser = parse_duration, help_heading = "SKR access")]
+    pub sync_timeout: Duration,
+
+    /// Timeout of one request to the KCP apiserver.
+    #[arg(long, env = "CATALOGSYNC_KCP_REQUEST_TIMEOUT", default_value = "5s", value_parser = parse_duration, help_heading = "SKR access")]
+    pub kcp_request_timeout: Duration,
+}
+
+impl ExplainArgs {
+    /// The restricted module names as a set, without empty entries (as [`RunArgs::restricted_set`]).
+    pub fn restricted_set(&self) -> BTreeSet<String> {
+        restricted_set(&self.restricted_modules)
+    }
 }
 
 /// Flags of `catalogsync shards`.
@@ -251,7 +358,7 @@ pub struct RunArgs {
 impl RunArgs {
     /// The restricted module names as a set, without empty entries.
     pub fn restricted_set(&self) -> BTreeSet<String> {
-        self.restricted_modules.iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect()
+        restricted_set(&self.restricted_modules)
     }
 
     /// Checks relations between flags that clap cannot.
@@ -356,6 +463,11 @@ pub enum ValueError {
     Duration(String),
 }
 
+/// `--restricted-modules` as a set, entries trimmed, empty ones dropped.
+fn restricted_set(modules: &[String]) -> BTreeSet<String> {
+    modules.iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect()
+}
+
 /// Whether `s` can be part of a Lease name.
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
@@ -439,6 +551,70 @@ mod tests {
         for arg in run.get_arguments().filter(|a| a.get_long().is_some()) {
             assert!(arg.get_env().is_some(), "flag --{} has no env var", arg.get_id());
         }
+    }
+
+    #[test]
+    fn explain_takes_run_flags_with_their_env_vars_and_defaults() {
+        let cmd = Cli::command();
+        let run = cmd.find_subcommand("run").expect("run subcommand exists");
+        let explain = cmd.find_subcommand("explain").expect("explain subcommand exists");
+        let mut shared = Vec::new();
+        for arg in explain.get_arguments().filter(|a| a.get_long().is_some()) {
+            let long = arg.get_long();
+            match run.get_arguments().find(|r| r.get_long() == long) {
+                Some(same) => {
+                    assert_eq!(arg.get_env(), same.get_env(), "--{long:?} has another env var than in run");
+                    assert_eq!(
+                        arg.get_default_values(),
+                        same.get_default_values(),
+                        "--{long:?} has another default than in run"
+                    );
+                    shared.extend(long);
+                }
+                None => assert!(matches!(long, Some("skr" | "output")), "--{long:?} of explain is not a flag of run"),
+            }
+        }
+        assert_eq!(
+            shared,
+            [
+                "kcp-namespace",
+                "sync-namespace",
+                "restricted-modules",
+                "skr-allowed-destinations",
+                "allow-insecure-skr-tls",
+                "skr-max-response-size",
+                "skr-request-timeout",
+                "sync-timeout",
+                "kcp-request-timeout",
+            ]
+        );
+    }
+
+    #[test]
+    fn explain_parses_like_run() {
+        let cli = Cli::try_parse_from([
+            "catalogsync",
+            "explain",
+            "kyma-1",
+            "--skr",
+            "-o",
+            "json",
+            "--restricted-modules",
+            " a, ,b",
+            "--skr-allowed-destinations",
+            "127.0.0.0/8,public",
+        ])
+        .expect("flags parse");
+        let Command::Explain(args) = cli.command else { unreachable!("explain was given") };
+        assert_eq!(args.kyma, "kyma-1");
+        assert!(args.skr);
+        assert_eq!(args.output, OutputFormat::Json);
+        assert_eq!(args.restricted_set(), BTreeSet::from(["a".to_owned(), "b".to_owned()]));
+        assert_eq!(args.skr_allowed_destinations.len(), 2);
+        let defaults = Cli::try_parse_from(["catalogsync", "explain", "k"]).expect("defaults parse");
+        let Command::Explain(args) = defaults.command else { unreachable!("explain was given") };
+        assert_eq!((args.output, args.skr), (OutputFormat::Table, false));
+        assert!(Cli::try_parse_from(["catalogsync", "explain"]).is_err(), "the Kyma is required");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! - [`sync`]: the controller, the catalog watcher and the executor;
 //! - [`sharding`]: the ownership gate;
 //! - [`app`], [`http`], [`health`], [`metrics`], [`telemetry`], [`config`]: the process
-//!   around them;
+//!   around them; [`explain`]: `catalogsync explain`, one Kyma's catalog and why;
 //! - [`text`]: untrusted text made safe to print; [`kcp`]: bounded KCP requests; [`label`]:
 //!   bounded classifications (condition reasons, metric label values) as enums.
 
@@ -18,6 +18,7 @@ pub mod app;
 pub mod catalog;
 pub mod config;
 pub mod error;
+pub mod explain;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 pub mod health;

@@ -27,6 +27,29 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Explain(args) => {
+            // Warnings only, to stderr: stdout is the report.
+            if let Err(err) = catalogsync::telemetry::init(catalogsync::config::LogFormat::Plain, "warn") {
+                eprintln!("error: failed to set up logging: {err}");
+                return ExitCode::from(2);
+            }
+            match catalogsync::explain::run(&args).await {
+                Ok(report) => {
+                    print!("{}", report.render(args.output));
+                    match report.skr.as_ref().and_then(|skr| skr.error.as_ref()) {
+                        Some(failure) => {
+                            eprintln!("error: failed to read the SKR: {}: {}", failure.reason, failure.message);
+                            ExitCode::from(catalogsync::explain::EXIT_SKR_FAILED)
+                        }
+                        None => ExitCode::SUCCESS,
+                    }
+                }
+                Err(err) => {
+                    eprintln!("error: {:#}", anyhow::Error::new(err));
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run(args) => {
             if let Err(err) = catalogsync::telemetry::init(args.log_format, &args.log_filter) {
                 eprintln!("error: failed to set up logging: {err}");
