@@ -32,6 +32,24 @@ pub enum Command {
     Shards(ShardsArgs),
     /// Explain one Kyma's module catalog: what its SKR should hold and, for every catalog entry
     /// it does not get, why. With --skr, also what the SKR holds against that.
+    #[command(
+        long_about = "Explains one Kyma's module catalog, read from the KCP of the current kubeconfig: the \
+                      ModuleReleaseMetas and ModuleTemplates its SKR should hold and, for every catalog entry it \
+                      does not get, why (mandatory, beta, internal, restricted module whose selector does not \
+                      match, invalid selector, selector on a module that is not restricted, no ModuleTemplate for \
+                      a channel's version, not referenced by any surviving channel, old-style, malformed). This \
+                      answers \"why doesn't my cluster have module X\".\n\n\
+                      With --skr it also reads the SKR, through the Kyma's access Secret and under the same rules \
+                      as the controller (kubeconfig allowlist, --skr-allowed-destinations, bounded answers), \
+                      without writing anything, and compares what it holds with the desired catalog: in \
+                      agreement, missing, different, extra (a managed copy the controller would prune) and \
+                      user-owned, per kind. Nothing of the Secret is printed.\n\n\
+                      Exit status: 0 when explained (whether or not the SKR agrees); 1 when the KCP part failed \
+                      (no such Kyma, the KCP could not be read), with nothing on stdout; 3 when the KCP part was \
+                      printed but the SKR could not be read (no or several access Secrets, a refused kubeconfig, \
+                      an unreachable SKR), with the reason in the output and on stderr.",
+        after_help = "Field names of -o json and every reason code: docs/explain.md."
+    )]
     Explain(Box<ExplainArgs>),
 }
 
@@ -48,24 +66,6 @@ pub enum OutputFormat {
 /// the same environment variables and defaults, so that in the controller's pod `explain`
 /// gives the controller's answer and refuses what the controller refuses.
 #[derive(Debug, Clone, Args)]
-#[command(
-    long_about = "Explains one Kyma's module catalog, read from the KCP of the current kubeconfig: the \
-                  ModuleReleaseMetas and ModuleTemplates its SKR should hold and, for every catalog entry it \
-                  does not get, why (mandatory, beta, internal, restricted module whose selector does not \
-                  match, invalid selector, selector on a module that is not restricted, no ModuleTemplate for \
-                  a channel's version, not referenced by any surviving channel, old-style, malformed). This \
-                  answers \"why doesn't my cluster have module X\".\n\n\
-                  With --skr it also reads the SKR, through the Kyma's access Secret and under the same rules \
-                  as the controller (kubeconfig allowlist, --skr-allowed-destinations, bounded answers), \
-                  without writing anything, and compares what it holds with the desired catalog: in \
-                  agreement, missing, different, extra (a managed copy the controller would prune) and \
-                  user-owned, per kind. Nothing of the Secret is printed.\n\n\
-                  Exit status: 0 when explained (whether or not the SKR agrees); 1 when the KCP part failed \
-                  (no such Kyma, the KCP could not be read), with nothing on stdout; 3 when the KCP part was \
-                  printed but the SKR could not be read (no or several access Secrets, a refused kubeconfig, \
-                  an unreachable SKR), with the reason in the output and on stderr.",
-    after_help = "Field names of -o json and every reason code: docs/explain.md."
-)]
 pub struct ExplainArgs {
     /// Name of the Kyma (in --kcp-namespace).
     #[arg(value_name = "KYMA")]

@@ -612,7 +612,9 @@ fn render_skr(out: &mut String, skr: &SkrReport, left_alone: bool) {
     }
     let verdict = match (skr.agrees, left_alone) {
         (Some(true), _) => "the SKR holds the desired catalog",
-        (_, false) => "the SKR does not hold the desired catalog: the next sync of this Kyma repairs that",
+        (_, false) => {
+            "the SKR does not hold the desired catalog: the next sync of this Kyma (within --resync-period) repairs that"
+        }
         (_, true) => "the SKR does not hold the desired catalog, and catalogsync leaves this Kyma alone",
     };
     let _ = writeln!(out, "{verdict}");
