@@ -7,7 +7,7 @@
 //! - the egress NetworkPolicies of `deploy/egress-policy` select exactly the Deployment's pods
 //!   and allow DNS, the KCP apiserver (a placeholder the docs explain) and public addresses
 //!   on 443 (every non-public range excepted), and no rule reaches a cloud metadata address;
-//! - every `run` and `shards` flag of `--help` is in `docs/configuration.md` with its
+//! - every `run`, `shards` and `explain` flag of `--help` is in `docs/configuration.md` with its
 //!   environment variable and default;
 //! - every metric named in the dashboard and the alerts is documented in `docs/metrics.md`
 //!   (which `tests/metrics_doc.rs` keeps equal to the registered metrics), and every alert's
@@ -582,7 +582,7 @@ fn doc_rows(doc: &str, sub: &str) -> BTreeMap<String, String> {
 #[test]
 fn configuration_doc_lists_every_flag_with_its_env_var_and_default() {
     let doc = read("docs/configuration.md");
-    for sub in ["run", "shards"] {
+    for sub in ["run", "shards", "explain"] {
         let flags = help_flags(sub);
         assert!(flags.len() > 2, "parsed too few flags of {sub}: {flags:?}");
         let rows = doc_rows(&doc, sub);

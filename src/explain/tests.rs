@@ -171,3 +171,20 @@ fn names_that_are_no_object_names_or_label_values_are_recognised() {
     assert!(!is_label_value(&"a".repeat(64)));
     assert!(!is_label_value("a=b"));
 }
+
+#[test]
+fn docs_list_every_reason_code_and_json_field() {
+    use crate::catalog::desired::{ChannelCut, ReleaseMetaSkip, TemplateSkip};
+    let doc = include_str!("../../docs/explain.md");
+    let codes = ReleaseMetaSkip::ALL
+        .iter()
+        .map(|r| r.as_str())
+        .chain(ChannelCut::ALL.map(ChannelCut::as_str))
+        .chain(TemplateSkip::ALL.map(TemplateSkip::as_str));
+    for code in codes {
+        assert!(doc.contains(&format!("| `{code}` |")), "docs/explain.md has no row for reason `{code}`");
+    }
+    for field in ["leftAlone", "restrictedModules", "oldStyleTemplates", "accessSecret", "userOwned", "survives"] {
+        assert!(doc.contains(&format!("`{field}`")) || doc.contains(&format!(".{field}`")), "no field {field}");
+    }
+}
