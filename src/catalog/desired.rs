@@ -288,9 +288,9 @@ impl TemplateSkip {
 }
 
 /// What the filter decides for each object, told as it decides it. [`desired_set`] passes
-/// `()`, which keeps nothing (and compiles to nothing); [`explain`] keeps every verdict. One
+/// `()`, which keeps nothing (and compiles to nothing); [`explain()`] keeps every verdict. One
 /// walk over the catalog decides both, so an explanation cannot disagree with the desired set.
-pub(crate) trait Verdicts {
+trait Verdicts {
     /// The verdict on one channel entry of a ModuleReleaseMeta that passed its gates (told
     /// before the verdict on the ModuleReleaseMeta itself).
     fn channel(&mut self, mrm: &MrmView, entry: &ChannelVersion, template: &str, verdict: Result<(), ChannelCut>);
@@ -358,7 +358,7 @@ fn channel_gate(snapshot: &Snapshot, template: &str, kyma_beta: bool, kyma_inter
 }
 
 /// The desired catalog of every Kyma with `profile`; tells `verdicts` every decision.
-pub(crate) fn filter_profile(
+fn filter_profile(
     snapshot: &Snapshot,
     profile: &Profile,
     restricted_modules: &BTreeSet<String>,

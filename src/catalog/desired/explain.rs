@@ -1,8 +1,8 @@
 //! Why a Kyma gets what it gets (pure): every catalog entry with the filter's verdict on it
 //! (docs/catalog-rules.md section 2), the answer of `catalogsync explain`.
 //!
-//! The verdicts are told by the same walk that computes the desired set
-//! ([`filter_profile`](super::filter_profile)), so an explanation's desired entries are the
+//! The verdicts are told by the walk that computes the desired set (`filter_profile`, the one
+//! [`desired_set`](super::desired_set) makes), so an explanation's desired entries are the
 //! desired set: [`Explanation::desired`] is that set, computed alongside.
 
 use std::collections::{BTreeMap, BTreeSet};
