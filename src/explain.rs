@@ -8,7 +8,7 @@
 //!                               DesiredSet + what the SKR holds ──Comparison::build──▶ buckets
 //! ```
 //!
-//! Every verdict comes from [`crate::catalog::explain`], the walk [`crate::catalog::desired_set`]
+//! Every verdict comes from [`crate::catalog::explain()`], the walk [`crate::catalog::desired_set`]
 //! makes. The SKR is reached exactly as the controller reaches it: the access Secret found by
 //! [`find_access_secret`], the kubeconfig allowlist, `--skr-allowed-destinations` (never the
 //! KCP apiserver), answers bounded in size and time; and it is only read. Nothing of the Secret

@@ -12,6 +12,7 @@
 //!
 //! Malformed catalog objects cannot pass the CRDs' schemas, so the unit tests of
 //! `catalog::explain` cover those.
+#![allow(clippy::panic)] // Test helpers report failures by panicking.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
