@@ -613,7 +613,7 @@ fn render_skr(out: &mut String, skr: &SkrReport, left_alone: bool) {
     let verdict = match (skr.agrees, left_alone) {
         (Some(true), _) => "the SKR holds the desired catalog",
         (_, false) => {
-            "the SKR does not hold the desired catalog: the next sync of this Kyma (within --resync-period) repairs that"
+            "the SKR does not hold the desired catalog: the next sync of this Kyma repairs that (in active mode, within --resync-period)"
         }
         (_, true) => "the SKR does not hold the desired catalog, and catalogsync leaves this Kyma alone",
     };
