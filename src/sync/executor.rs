@@ -401,8 +401,8 @@ impl SkrTarget<'_> {
     }
 
     /// Reads, without writing anything, what the SKR holds of both kinds, in full (each item
-    /// digested): the input of a [`Comparison`](crate::catalog::Comparison). A kind whose
-    /// CRD the SKR does not serve (404) holds nothing.
+    /// digested): the input of a [`Comparison`]. A kind whose CRD the SKR does not serve (404)
+    /// holds nothing.
     ///
     /// # Errors
     /// A list that fails otherwise.
