@@ -339,8 +339,6 @@ pub struct SteadyRow {
     pub traffic: Traffic,
     /// KCP writes other than Leases.
     pub kcp_writes: u64,
-    /// What `kcp_writes` counts, when not the run's own writes.
-    pub kcp_writes_note: Option<&'static str>,
     /// KCP Lease writes.
     pub kcp_lease_writes: u64,
     /// CPU seconds per period, per process.
@@ -371,16 +369,12 @@ impl Row for SteadyRow {
     fn cells(&self) -> Vec<String> {
         let t = &self.traffic;
         let periods = if self.periods.fract() == 0.0 { format!("{:.0}", self.periods) } else { f2(self.periods) };
-        let kcp_writes = match self.kcp_writes_note {
-            Some(note) => format!("{} ({note})", self.kcp_writes),
-            None => self.kcp_writes.to_string(),
-        };
         vec![
             self.run.clone(),
             periods,
             f2(t.per_skr(t.requests) / self.periods),
             t.writes.to_string(),
-            kcp_writes,
+            self.kcp_writes.to_string(),
             self.kcp_lease_writes.to_string(),
             joined(&self.cpu_seconds_per_period, f2),
             joined(&self.peak_rss_mib, f1),
@@ -624,23 +618,25 @@ mod tests {
         assert_eq!(baseline.cells().len(), PropagationRow::HEADER.len());
     }
 
-    #[test]
-    fn steady_rows_show_configured_periods_whole_and_estimated_ones_with_decimals() {
-        let row = |periods: f64, note| SteadyRow {
+    fn steady(periods: f64) -> SteadyRow {
+        SteadyRow {
             run: "r".into(),
             periods,
             traffic: traffic(),
             kcp_writes: 7,
-            kcp_writes_note: note,
             kcp_lease_writes: 9,
             cpu_seconds_per_period: vec![0.5, 0.25],
             peak_rss_mib: vec![100.0, 120.04],
             sim_cpu_seconds_per_period: 0.1,
-        };
-        let catalogsync = row(3.0, None).cells();
+        }
+    }
+
+    #[test]
+    fn steady_rows_show_configured_periods_whole_and_estimated_ones_with_decimals() {
+        let catalogsync = steady(3.0).cells();
         assert_eq!(catalogsync[1..8], ["3", "0.83", "100", "7", "9", "0.50 / 0.25", "100.0 / 120.0"]);
-        let baseline = row(0.8, Some("harness writes only")).cells();
-        assert_eq!(baseline[1..5], ["0.80", "3.12", "100", "7 (harness writes only)"]);
+        let baseline = steady(0.8).cells();
+        assert_eq!(baseline[1..5], ["0.80", "3.12", "100", "7"]);
     }
 
     #[test]

@@ -51,7 +51,6 @@ pub(super) async fn steady(args: &RunArgs, bench: &mut Bench) -> Result<SteadyRo
         periods,
         traffic,
         kcp_writes: other_writes as u64,
-        kcp_writes_note: None,
         kcp_lease_writes: lease_writes as u64,
         cpu_seconds_per_period: cpu,
         peak_rss_mib: peaks,
