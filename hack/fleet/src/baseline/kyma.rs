@@ -1,8 +1,8 @@
 //! The parts of KLM's Kyma reconcile around its catalog sync, for `--reconcile full` and
 //! `without-catalog`: the SKR and KCP requests of `internal/controller/kyma/controller.go`
-//! and `internal/remote/skr_context.go` (lifecycle-manager at the commit
-//! `shared/docs/klm-reference.md` describes), in their order, for a Kyma in state Ready
-//! without modules. What is left out is listed in `docs/performance.md`.
+//! and `internal/remote/skr_context.go` (lifecycle-manager at commit `c5b83f1b`), in their
+//! order, for a Kyma in state Ready without modules. What is left out is listed in
+//! `docs/performance.md` (run R).
 //!
 //! ```text
 //!  Reconcile   SSA of the SKR namespace kyma-system (kyma-sync-context, force)
