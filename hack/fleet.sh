@@ -6,6 +6,8 @@
 #   hack/fleet.sh run fleet       # the fleet-scale scenarios at 5,000 Kymas, with the baseline (about 50 min)
 #   hack/fleet.sh run propagation # propagation only, per --replicas (about 15 min at 3 replicas)
 #   hack/fleet.sh run baseline    # lifecycle-manager's in-loop sync alone (about 20 min at 5,000)
+#   hack/fleet.sh run reconcile   # KLM's Kyma reconcile with and without its catalog part, and
+#                                 # catalogsync's steady state at a 5-min resync (about 45 min at 5,000)
 #   hack/fleet.sh run calibrate   # real SKR apiservers vs the simulator (about 3 min)
 #   hack/fleet.sh run smoke       # a small end-to-end run (about 1 min; CI runs it)
 #   hack/fleet.sh run --help      # every flag

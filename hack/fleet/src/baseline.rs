@@ -1,6 +1,8 @@
 //! The lifecycle-manager baseline: a faithful reproduction of KLM's in-loop catalog sync
 //! (described under "The baseline" in `docs/performance.md`; how it differs from catalogsync:
-//! section 7 of `docs/catalog-rules.md`), the reference catalogsync is measured against.
+//! section 7 of `docs/catalog-rules.md`), the reference catalogsync is measured against; with
+//! `--reconcile full` also the rest of the Kyma reconcile's SKR and KCP requests, and with
+//! `--reconcile without-catalog` those alone.
 //!
 //! ```text
 //!  KCP reflectors (Kymas, MTs, MRMs, access Secrets): no KCP request per pass
@@ -9,10 +11,12 @@
 //!  --workers concurrent reconciles
 //!        │  once at start, then --period after each successful pass, 5s..30s backoff on error
 //!        ▼
-//!  pass(kyma) = desired_set(snapshot, labels)
+//!  pass(kyma) = [full, without-catalog: namespace, finalizer, CRDs, SKR Kyma (see `kyma`)]
+//!        [catalog, full: desired_set(snapshot, labels)
 //!        then per kind (MTs, then MRMs): SSA every desired object concurrently (catalog-sync,
 //!        force); only if all succeeded: list the kind cluster-wide, delete catalog-sync-managed
-//!        objects not desired
+//!        objects not desired]
+//!        [full, without-catalog: KCP Kyma status, SKR Kyma metadata and status]
 //! ```
 //!
 //! Unlike catalogsync, every pass re-applies the whole desired catalog (about M + R + 2 SKR
@@ -22,8 +26,9 @@
 //!
 //! The parts, one module each: [`args`] (flags and settings), [`kcp`] (the client and the
 //! reflectors), [`controller`] (watch, [`queue`], workers, first round), [`schedule`] (when a
-//! Kyma is due), [`pass`] (one pass and its SKR requests), [`skr`] (the SKR client of a pass),
-//! [`error`], [`stats`] and [`admin`] (the endpoint and its client). This file wires them.
+//! Kyma is due), [`pass`] (one pass and its catalog requests), [`kyma`] (the reconcile's
+//! requests around the catalog), [`skr`] (the SKR client of a pass), [`error`], [`stats`] and
+//! [`admin`] (the endpoint and its client). This file wires them.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -32,16 +37,18 @@ use anyhow::{Context as _, Result};
 use catalogsync::api::Kyma;
 use catalogsync::app::signal_handler;
 use catalogsync::watches::until_ready;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::runtime::reflector::Store;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use self::admin::BaselineAdmin;
-pub use self::args::BaselineArgs;
+pub use self::args::{BaselineArgs, Reconcile};
 pub use self::stats::BaselineStats;
 
 use self::args::Settings;
-use self::kcp::{Catalog, kcp_client, watch_catalog, watch_secrets};
+use self::kcp::{Catalog, kcp_client, watch_catalog, watch_crds, watch_secrets};
 use self::pass::PassSettings;
 use self::queue::WorkQueue;
 use self::schedule::Scheduler;
@@ -53,6 +60,7 @@ mod args;
 mod controller;
 mod error;
 mod kcp;
+mod kyma;
 mod pass;
 mod queue;
 mod schedule;
@@ -81,7 +89,10 @@ pub async fn run(args: BaselineArgs) -> Result<()> {
 
     let (catalog, catalog_task) = watch_catalog(&kcp, &kcp_namespace);
     let (secrets, secret_task) = watch_secrets(&kcp, &kcp_namespace);
+    let (crds, crd_task) = watch_crds(&kcp);
     let ctx = Arc::new(Ctx {
+        kcp: kcp.clone(),
+        crds,
         pass,
         catalog,
         skrs: SkrClients::new(skr, secrets),
@@ -106,7 +117,8 @@ pub async fn run(args: BaselineArgs) -> Result<()> {
     let synced = tokio::select! {
         ready = async { until_ready(&ctx.catalog.templates).await
             && until_ready(&ctx.catalog.release_metas).await
-            && until_ready(ctx.skrs.secrets()).await } => ready,
+            && until_ready(ctx.skrs.secrets()).await
+            && until_ready(&ctx.crds).await } => ready,
         () = shutdown.cancelled() => false,
     };
     if synced {
@@ -129,6 +141,7 @@ pub async fn run(args: BaselineArgs) -> Result<()> {
     admin_stop.cancel();
     catalog_task.abort();
     secret_task.abort();
+    crd_task.abort();
     signals.abort();
     match tokio::time::timeout(SHUTDOWN_TIMEOUT, admin).await {
         Ok(Ok(Ok(()))) => {}
@@ -141,6 +154,10 @@ pub async fn run(args: BaselineArgs) -> Result<()> {
 
 /// Everything a pass, the workers and the admin endpoint share.
 struct Ctx {
+    /// The KCP client (status and finalizer writes of `--reconcile full`).
+    kcp: Client,
+    /// The KCP's CRDs, which `--reconcile full` copies to the SKRs.
+    crds: Store<CustomResourceDefinition>,
     /// What every pass reads.
     pass: PassSettings,
     /// The KCP catalog.

@@ -16,7 +16,7 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::baseline::BaselineAdmin;
+use crate::baseline::{BaselineAdmin, BaselineStats, Reconcile};
 use crate::sim::{Faults, SimAdmin};
 use crate::stats::{Percentiles, nearest_rank, unix_ms};
 use catalogsync::api::KYMA_NAME_LABEL;
@@ -35,6 +35,9 @@ pub const LEASE_NS: &str = "catalogsync-system";
 pub const SYNC_NS: &str = testenv::fixtures::fleet::SYNC_NAMESPACE;
 /// Field manager of the harness's own KCP writes.
 pub const AUTHOR: &str = "fleet-bench";
+/// The KCP user of the baseline (a cluster admin, as lifecycle-manager is in effect), apart
+/// from the harness's `admin` so the audit log tells their writes apart.
+pub const BASELINE_USER: &str = "lifecycle-manager";
 /// Kymas and Secrets created at once.
 const CREATE_CONCURRENCY: usize = 32;
 
@@ -128,6 +131,42 @@ impl Baseline {
     pub async fn stop(mut self) {
         let _ = self.process.terminate(Duration::from_secs(20)).await;
     }
+
+    /// Polls its stats until `done` holds for them, and returns them.
+    ///
+    /// # Errors
+    /// Fails when the stats cannot be read, or after `timeout`, naming `what` was awaited.
+    pub async fn await_stats(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&BaselineStats) -> bool,
+    ) -> Result<BaselineStats> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let stats = self.admin.stats().await?;
+            if done(&stats) {
+                return Ok(stats);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the baseline did not reach {what} within {}s ({} passes, {} queued)",
+                    timeout.as_secs(),
+                    stats.passes,
+                    stats.queued
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Waits until every Kyma known at its start had a pass, and returns the stats then.
+    ///
+    /// # Errors
+    /// As [`Baseline::await_stats`].
+    pub async fn await_round(&self, timeout: Duration) -> Result<BaselineStats> {
+        self.await_stats("the end of its first round", timeout, |s| s.first_round_done_unix_ms.is_some()).await
+    }
 }
 
 /// The whole environment of one `fleet run`.
@@ -175,7 +214,7 @@ impl Bench {
         let replica_kubeconfig =
             testenv::write_kubeconfig(dir, "catalogsync", &kcp.kubeconfig_yaml(CATALOGSYNC_USER, CATALOGSYNC_GROUPS));
         let baseline_kubeconfig =
-            testenv::write_kubeconfig(dir, "baseline", &kcp.kubeconfig_yaml("admin", &["system:masters"]));
+            testenv::write_kubeconfig(dir, "baseline", &kcp.kubeconfig_yaml(BASELINE_USER, &["system:masters"]));
         Ok(Self {
             dir: dir.to_path_buf(),
             etcd,
@@ -524,11 +563,18 @@ current-context: skr
         self.replicas.iter().filter_map(|(id, r)| proc_sample(r.process.pid()).ok().map(|s| (id.clone(), s))).collect()
     }
 
-    /// Starts the baseline against this KCP.
+    /// Starts the baseline against this KCP, reproducing the `reconcile` parts of KLM's Kyma
+    /// reconcile.
     ///
     /// # Errors
     /// Fails when it does not start within 30 s.
-    pub async fn start_baseline(&self, period: Duration, workers: usize, once: bool) -> Result<Baseline> {
+    pub async fn start_baseline(
+        &self,
+        period: Duration,
+        workers: usize,
+        once: bool,
+        reconcile: Reconcile,
+    ) -> Result<Baseline> {
         let log = self.dir.join("baseline.log");
         let _ = std::fs::remove_file(&log);
         let mut cmd = Command::new(std::env::current_exe()?);
@@ -538,7 +584,8 @@ current-context: skr
             .args(["--kcp-namespace", KCP_NS, "--sync-namespace", SYNC_NS])
             .args(["--restricted-modules", testenv::fixtures::fleet::RESTRICTED_MODULE])
             .args(["--period", &format!("{}s", period.as_secs())])
-            .args(["--workers", &workers.to_string(), "--admin", "127.0.0.1:0"]);
+            .args(["--workers", &workers.to_string(), "--admin", "127.0.0.1:0"])
+            .args(["--reconcile", reconcile.as_str()]);
         if once {
             cmd.arg("--once");
         }

@@ -8,7 +8,8 @@
 //! - `fleet sim` is the SKR simulator: one process that answers for many SKRs (one per bearer
 //!   token), with injectable latency and errors, counting every request;
 //! - `fleet baseline` reproduces lifecycle-manager's in-loop catalog sync (a full re-apply of
-//!   the desired catalog to every SKR every pass) as the reference to compare against.
+//!   the desired catalog to every SKR every pass) as the reference to compare against, and
+//!   with `--reconcile` the rest of its Kyma reconcile's SKR and KCP requests.
 //!
 //! Run it through `hack/fleet.sh`, which builds the release binaries first.
 

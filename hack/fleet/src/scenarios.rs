@@ -6,11 +6,14 @@
 //! - `propagation`: only the propagation runs (each replica count from a cold start), for
 //!   iterating on sync speed without the whole pipeline;
 //! - `baseline`: the lifecycle-manager baseline alone;
+//! - `reconcile`: the baseline's whole Kyma reconcile with and without its catalog part,
+//!   side by side with catalogsync's steady state (the load taken off the Kyma reconcile);
 //! - `calibrate`: the same requests against real SKR apiservers and against the simulator;
 //! - `smoke`: a small, fast run of the whole path (CI runs it so the harness does not rot).
 //!
-//! The scenarios are defined in [`fleet`], [`calibrate`] and [`smoke`]; the measurements they
-//! are made of in [`propagation`], [`rebalance`], [`steady`] and [`baseline`], on a bench set
+//! The scenarios are defined in [`fleet`], [`reconcile`], [`calibrate`] and [`smoke`]; the
+//! measurements they are made of in [`propagation`], [`rebalance`], [`steady`], [`baseline`]
+//! and [`reconcile`], on a bench set
 //! up by [`setup`]. Each measurement returns typed rows ([`rows`]), which [`report`] renders
 //! into `report.md` and writes as they are into `report.json`.
 
@@ -28,6 +31,7 @@ mod calibrate;
 mod fleet;
 mod propagation;
 mod rebalance;
+mod reconcile;
 mod report;
 mod rows;
 mod setup;
@@ -45,6 +49,10 @@ pub enum Scenario {
     /// The baseline alone: --kymas Kymas whose SKRs 3 replicas fill first, then the
     /// baseline's window as in the fleet scenario.
     Baseline,
+    /// The Kyma reconcile: --kymas Kymas whose SKRs 3 replicas fill first; a round of the
+    /// baseline's full reconcile, one without its catalog part, then catalogsync's steady
+    /// state at --resync-secs (default 300).
+    Reconcile,
     /// Request counts and per-request latency: real SKR apiservers vs the simulator.
     Calibrate,
     /// A small end-to-end run of the harness (about a minute).
@@ -73,9 +81,10 @@ pub struct RunArgs {
     /// bottleneck (replica scaling).
     #[arg(long, default_value = "250")]
     pub slow_latency_ms: f64,
-    /// Resync period of the steady-state scenario, seconds (catalogsync's default is 600).
-    #[arg(long, default_value = "60")]
-    pub resync_secs: u64,
+    /// Resync period of the steady-state runs, seconds, passed to the replicas explicitly
+    /// (default: 60 in the fleet scenario, 300 in the reconcile scenario).
+    #[arg(long)]
+    pub resync_secs: Option<u64>,
     /// The baseline's pass period, seconds (lifecycle-manager's is 300).
     #[arg(long, default_value = "300")]
     pub baseline_period_secs: u64,
@@ -124,6 +133,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         Scenario::Fleet => fleet::fleet(&args, &dir, &mut report).await,
         Scenario::Propagation => fleet::propagation_only(&args, &dir, &mut report).await,
         Scenario::Baseline => fleet::baseline_alone(&args, &dir, &mut report).await,
+        Scenario::Reconcile => reconcile::reconcile(&args, &dir, &mut report).await,
         Scenario::Calibrate => calibrate::calibrate(&args, &dir, &mut report).await,
         Scenario::Smoke => smoke::smoke(&dir, &mut report).await,
     };

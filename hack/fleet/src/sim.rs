@@ -5,12 +5,13 @@
 //! - **Identity.** Each SKR is named by the bearer token of the request (the kubeconfig of SKR
 //!   `x` carries `token: x`). A token seen for the first time creates its SKR with the seed
 //!   content (`--seed-file`). No token gives 401.
-//! - **API.** Namespaces, CustomResourceDefinitions, and the namespaced ModuleTemplates and
-//!   ModuleReleaseMetas (`operator.kyma-project.io/v1beta2`), the latter served only while the
-//!   SKR holds their CRD: get, list (in a namespace or across all), metadata-only get and list
-//!   (`Accept: ...;as=PartialObjectMetadata[List]`), watch (ADDED per match, then open until
-//!   `timeoutSeconds`, capped at 5 s), server-side apply, replace (409 on a stale
-//!   resourceVersion), create (409 AlreadyExists) and delete. Field selectors on
+//! - **API.** Namespaces, CustomResourceDefinitions, and the namespaced ModuleTemplates,
+//!   ModuleReleaseMetas and Kymas (`operator.kyma-project.io/v1beta2`), the latter served only
+//!   while the SKR holds their CRD: get, list (in a namespace or across all), metadata-only get
+//!   and list (`Accept: ...;as=PartialObjectMetadata[List]`), watch (ADDED per match, then open
+//!   until `timeoutSeconds`, capped at 5 s), server-side apply, replace (409 on a stale
+//!   resourceVersion), create (409 AlreadyExists) and delete; for Kymas also a replace of the
+//!   `/status` subresource, which lifecycle-manager's Kyma reconcile sends. Field selectors on
 //!   `metadata.name`/`metadata.namespace` and equality label selectors are honoured. Anything
 //!   else is 404. See [`store`] for the write semantics.
 //! - **Memory.** Object content is interned across SKRs by a content hash, so 5,000 SKRs
@@ -97,9 +98,10 @@ pub struct SimStats {
     /// SKR requests (admin requests are not counted; neither are requests without a token).
     pub total_requests: u64,
     /// Requests by `"<verb> <resource>"`: verb one of `get`, `get-meta`, `list`, `list-meta`,
-    /// `watch`, `apply`, `replace`, `create`, `delete` (`other` for unsupported methods);
-    /// resource the plural (`namespaces`, `customresourcedefinitions`, `moduletemplates`,
-    /// `modulereleasemetas`, or `other` for unknown paths). Faulted requests included.
+    /// `watch`, `apply`, `replace`, `replace-status`, `create`, `delete` (`other` for
+    /// unsupported methods); resource the plural (`namespaces`, `customresourcedefinitions`,
+    /// `moduletemplates`, `modulereleasemetas`, `kymas`, or `other` for unknown paths).
+    /// Faulted requests included.
     pub requests: BTreeMap<String, u64>,
     /// Apply, replace, create and delete requests that reached the store (no-op applies and
     /// refused writes included; faulted ones not).

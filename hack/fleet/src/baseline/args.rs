@@ -16,6 +16,41 @@ use super::skr::SkrSettings;
 /// Where the simulated SKRs are.
 const LOOPBACK: &str = "127.0.0.0/8";
 
+/// Which parts of KLM's Kyma reconcile a pass reproduces.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reconcile {
+    /// The catalog sync alone (the baseline of the fleet tables).
+    #[default]
+    Catalog,
+    /// The catalog sync and the SKR and KCP requests of the reconcile around it (namespace,
+    /// CRDs, SKR Kyma, KCP and SKR Kyma status).
+    Full,
+    /// The full reconcile without its catalog part: what KLM would still do per Kyma if
+    /// catalogsync took the catalog over.
+    WithoutCatalog,
+}
+
+impl Reconcile {
+    /// The value as the flag takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reconcile::Catalog => "catalog",
+            Reconcile::Full => "full",
+            Reconcile::WithoutCatalog => "without-catalog",
+        }
+    }
+
+    /// Whether a pass syncs the catalog.
+    pub fn has_catalog(self) -> bool {
+        self != Reconcile::WithoutCatalog
+    }
+
+    /// Whether a pass sends the reconcile's requests other than the catalog's.
+    pub fn has_rest(self) -> bool {
+        self != Reconcile::Catalog
+    }
+}
+
 /// Flags of `fleet baseline`. Defaults are KLM's production values.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BaselineArgs {
@@ -37,6 +72,9 @@ pub struct BaselineArgs {
     /// 300s, 5m or 500ms.
     #[arg(long, env = "FLEET_BASELINE_PERIOD", default_value = "300s", value_parser = catalogsync::config::parse_duration)]
     pub period: Duration,
+    /// Which parts of KLM's Kyma reconcile each pass reproduces.
+    #[arg(long, env = "FLEET_BASELINE_RECONCILE", value_enum, default_value_t = Reconcile::Catalog)]
+    pub reconcile: Reconcile,
     /// Concurrent Kyma reconciles (KLM `--max-concurrent-kyma-reconciles` in production).
     #[arg(long, env = "FLEET_BASELINE_WORKERS", default_value_t = 25, value_parser = clap::value_parser!(u16).range(1..))]
     pub workers: u16,
@@ -112,6 +150,7 @@ impl From<BaselineArgs> for Settings {
             sync_namespace,
             restricted_modules,
             period,
+            reconcile,
             workers,
             request_timeout,
             failure_base_delay,
@@ -140,6 +179,7 @@ impl From<BaselineArgs> for Settings {
                     .map(str::to_owned)
                     .collect(),
                 request_timeout,
+                reconcile,
             },
             requeue: RequeuePolicy { period, backoff_min: failure_base_delay, backoff_max: failure_max_delay, once },
             skr: SkrSettings {

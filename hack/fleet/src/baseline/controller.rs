@@ -56,7 +56,6 @@ pub(super) async fn run_controller(
             }
         }
     });
-    ctx.stats.started_unix_ms.store(unix_ms(), Ordering::Relaxed);
     *lock(&ctx.kymas) = Some(kyma_store.clone());
     *lock(&ctx.queue) = Some(queue.clone());
 
@@ -71,6 +70,9 @@ pub(super) async fn run_controller(
         ready = until_ready(&kyma_store) => ready,
         () = shutdown.cancelled() => false,
     };
+    if synced {
+        ctx.stats.started_unix_ms.store(unix_ms(), Ordering::Relaxed);
+    }
     let workers: Vec<_> = (0..if synced { workers } else { 0 })
         .map(|_| tokio::spawn(work(ctx.clone(), queue.clone(), kyma_store.clone(), shutdown.clone())))
         .collect();

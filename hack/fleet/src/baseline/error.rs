@@ -1,8 +1,8 @@
-//! Why a pass failed: one SKR request, one kind's apply-and-prune, or the whole pass.
+//! Why a pass failed: one request, one kind's apply-and-prune, or the whole pass.
 
 use std::time::Duration;
 
-/// Why one SKR request failed.
+/// Why one request (to an SKR or the KCP) failed.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum RequestError {
     /// The API call failed.
@@ -58,6 +58,37 @@ pub(super) enum PassError {
     /// One or both kinds failed.
     #[error("failed to sync the catalog: {}", errors.iter().map(|e| chain(e)).collect::<Vec<_>>().join("; "))]
     Sync { errors: Vec<KindError> },
+    /// The SKR namespace could not be applied (KLM's connectivity probe).
+    #[error("failed to apply the SKR namespace")]
+    ApplyNamespace(#[source] RequestError),
+    /// The KCP Kyma could not be given its finalizer.
+    #[error("failed to add the finalizer to the KCP Kyma")]
+    PatchKcpKyma(#[source] RequestError),
+    /// A CRD to sync is not in the KCP cache.
+    #[error("KCP CRD {name} not found")]
+    KcpCrdMissing { name: String },
+    /// At least one CRD apply failed (the first cause is kept); the others were still applied.
+    #[error("failed to apply {failed} of the CRDs to the SKR")]
+    ApplyCrds {
+        failed: usize,
+        #[source]
+        source: RequestError,
+    },
+    /// The SKR Kyma could not be read.
+    #[error("failed to get the SKR Kyma")]
+    GetSkrKyma(#[source] RequestError),
+    /// The SKR Kyma could not be created.
+    #[error("failed to create the SKR Kyma")]
+    CreateSkrKyma(#[source] RequestError),
+    /// The KCP Kyma's status could not be applied.
+    #[error("failed to apply the KCP Kyma status")]
+    ApplyKcpKymaStatus(#[source] RequestError),
+    /// The SKR Kyma's labels and annotations could not be applied.
+    #[error("failed to apply the SKR Kyma metadata")]
+    ApplySkrKyma(#[source] RequestError),
+    /// The SKR Kyma's status could not be updated.
+    #[error("failed to update the SKR Kyma status")]
+    ReplaceSkrKymaStatus(#[source] RequestError),
 }
 
 /// An error with its whole source chain.

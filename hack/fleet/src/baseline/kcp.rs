@@ -1,6 +1,7 @@
 //! The KCP side of the baseline: the client, and the reflectors KLM's caches correspond to
-//! (the catalog with a snapshot rebuilt after each change, the access Secrets, the Kymas with
-//! KLM's event filter). No pass sends a KCP request.
+//! (the catalog with a snapshot rebuilt after each change, the access Secrets, the CRDs, the
+//! Kymas with KLM's event filter). No pass reads from the KCP; only `--reconcile full` and
+//! `without-catalog` write to it.
 
 use std::hash::{Hash, Hasher};
 use std::path::Path;
@@ -13,6 +14,7 @@ use catalogsync::api::{KYMA_NAME_LABEL, Kyma};
 use catalogsync::catalog::{CatalogKind, Snapshot};
 use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{self, Store};
@@ -118,19 +120,33 @@ fn watch_kind(
 
 /// Starts the reflector of the access Secrets (full objects: KLM's Secret cache holds them).
 pub(super) fn watch_secrets(kcp: &Client, namespace: &str) -> (Store<Secret>, tokio::task::JoinHandle<()>) {
-    let writer = reflector::store::Writer::<Secret>::default();
+    let config = watcher::Config::default().labels(KYMA_NAME_LABEL);
+    reflect(Api::namespaced(kcp.clone(), namespace), config, "secrets")
+}
+
+/// Starts the reflector of the KCP's CRDs: KLM reads the three it copies to the SKRs through
+/// its cached client.
+pub(super) fn watch_crds(kcp: &Client) -> (Store<CustomResourceDefinition>, tokio::task::JoinHandle<()>) {
+    reflect(Api::all(kcp.clone()), watcher::Config::default(), "customresourcedefinitions")
+}
+
+/// A reflector of `api` with managedFields stripped, its watch retried with backoff.
+fn reflect<K>(api: Api<K>, config: watcher::Config, what: &'static str) -> (Store<K>, tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let writer = reflector::store::Writer::<K>::default();
     let store = writer.as_reader();
     let stream =
-        watcher(Api::<Secret>::namespaced(kcp.clone(), namespace), watcher::Config::default().labels(KYMA_NAME_LABEL))
-            .default_backoff()
-            .modify(|s| s.metadata.managed_fields = None)
-            .reflect(writer)
-            .for_each(|event| {
+        watcher(api, config).default_backoff().modify(|o| o.meta_mut().managed_fields = None).reflect(writer).for_each(
+            move |event| {
                 if let Err(error) = event {
-                    warn!(error = &error as &dyn std::error::Error, "Secret watch failed; retrying");
+                    warn!(watch = what, error = &error as &dyn std::error::Error, "KCP watch failed; retrying");
                 }
                 future::ready(())
-            });
+            },
+        );
     (store, tokio::spawn(stream))
 }
 
@@ -152,13 +168,12 @@ pub(super) fn watch_kymas(
     (store, events)
 }
 
-/// Keeps only what a pass reads of a Kyma (labels, identity, generation). Not catalogsync's
-/// `sync::reconciler::trim`: that one keeps the `ModuleCatalog` condition catalogsync reads,
-/// which a KLM pass neither reads nor writes.
+/// Keeps only what a pass reads of a Kyma (labels, finalizers, identity, generation, and the
+/// spec a new SKR Kyma gets). Not catalogsync's `sync::reconciler::trim`: that one keeps the
+/// `ModuleCatalog` condition catalogsync reads, which a KLM pass rewrites without reading.
 fn trim_kyma(kyma: &mut Kyma) {
     kyma.metadata.managed_fields = None;
     kyma.metadata.annotations = None;
-    kyma.spec = Default::default();
     kyma.status = None;
 }
 

@@ -1,6 +1,8 @@
 //! One pass over one Kyma, as KLM's `handleProcessingState` runs its catalog part: the
 //! desired set, then per kind (MTs, then MRMs) a server-side apply of every desired object
-//! and, only if all succeeded, a cluster-wide list and the deletion of managed orphans.
+//! and, only if all succeeded, a cluster-wide list and the deletion of managed orphans. With
+//! `--reconcile full` or `without-catalog`, the rest of the Kyma reconcile ([`super::kyma`])
+//! runs around it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -14,11 +16,12 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use tracing::debug;
 
+use super::args::Reconcile;
 use super::error::{KindError, PassError, RequestError, chain};
 use super::kcp::key_of;
 use super::skr::Skr;
-use super::stats::Op;
-use super::{Ctx, lock};
+use super::stats::{Op, Request};
+use super::{Ctx, kyma, lock};
 
 /// What every pass reads.
 pub(super) struct PassSettings {
@@ -26,11 +29,13 @@ pub(super) struct PassSettings {
     pub sync_namespace: String,
     /// Restricted module names.
     pub restricted: BTreeSet<String>,
-    /// Timeout of one SKR request.
+    /// Timeout of one request.
     pub request_timeout: Duration,
+    /// Which parts of the Kyma reconcile a pass reproduces.
+    pub reconcile: Reconcile,
 }
 
-/// One Kyma reconcile: the catalog part of KLM's `handleProcessingState`, with its queue lag,
+/// One Kyma reconcile: the parts of KLM's that `--reconcile` selects, with its queue lag,
 /// duration and outcome recorded.
 pub(super) async fn reconcile(kyma: Arc<Kyma>, ctx: &Ctx) -> Result<(), PassError> {
     let key = key_of(&kyma);
@@ -49,28 +54,45 @@ pub(super) async fn reconcile(kyma: Arc<Kyma>, ctx: &Ctx) -> Result<(), PassErro
     ctx.schedule.complete(&key);
     match result {
         Ok(()) => {
-            debug!(kyma = %key, seconds = started.elapsed().as_secs_f64(), "Synced catalog");
+            debug!(kyma = %key, seconds = started.elapsed().as_secs_f64(), "Reconciled Kyma");
             Ok(())
         }
         Err(error) => {
             ctx.stats.failed_passes.fetch_add(1, Ordering::Relaxed);
             *lock(&ctx.stats.last_error) = Some(format!("{key}: {}", chain(&error)));
-            debug!(kyma = %key, error = &error as &dyn std::error::Error, "Catalog sync failed");
+            debug!(kyma = %key, error = &error as &dyn std::error::Error, "Kyma reconcile failed");
             Err(error)
         }
     }
 }
 
-/// One pass: desired set, SKR client, then apply-and-prune per kind (MTs, then MRMs).
+/// One pass: the SKR client, then the reconcile's steps before the catalog, the catalog, and
+/// its steps after the catalog, each as `--reconcile` selects them. A failed step ends the
+/// pass.
 async fn pass(kyma: &Kyma, ctx: &Ctx) -> Result<(), PassError> {
+    let reconcile = ctx.pass.reconcile;
+    let skr = ctx.skrs.client_for(kyma).await?;
+    if reconcile.has_rest() {
+        kyma::before_catalog(kyma, ctx, &skr).await?;
+    }
+    if reconcile.has_catalog() {
+        sync_catalog(kyma, ctx, &skr).await?;
+    }
+    if reconcile.has_rest() {
+        kyma::after_catalog(kyma, ctx, &skr).await?;
+    }
+    Ok(())
+}
+
+/// The catalog part: desired set, then apply-and-prune per kind (MTs, then MRMs).
+async fn sync_catalog(kyma: &Kyma, ctx: &Ctx, skr: &Skr) -> Result<(), PassError> {
     let snapshot = ctx.catalog.snapshot(&ctx.pass.sync_namespace);
     let labels = kyma.metadata.labels.clone().unwrap_or_default();
     let (desired, _warnings) = desired_set(&snapshot, &labels, &ctx.pass.restricted);
-    let skr = ctx.skrs.client_for(kyma).await?;
     let mut errors = Vec::new();
     for kind in CatalogKind::ALL {
         // KLM: an MT failure does not stop the MRM pass.
-        if let Err(error) = sync_kind(ctx, &skr, kind, desired.of(kind)).await {
+        if let Err(error) = sync_kind(ctx, skr, kind, desired.of(kind)).await {
             errors.push(error);
         }
     }
@@ -91,7 +113,7 @@ async fn sync_kind(
     let params = PatchParams::apply(SKR_FIELD_MANAGER).force();
     let applies = desired.values().map(|object| {
         let (api, params) = (&api, &params);
-        call(ctx, skr, kind, Op::Apply, async move {
+        call(ctx, skr, Request::catalog(kind, Op::Apply), async move {
             api.patch(&object.name, params, &Patch::Apply(object.body.json())).await.map(drop)
         })
     });
@@ -101,7 +123,8 @@ async fn sync_kind(
     }
 
     let all = Api::<DynamicObject>::all_with(skr.client.clone(), &ar);
-    let listed = match call(ctx, skr, kind, Op::List, async { all.list(&ListParams::default()).await }).await {
+    let list = call(ctx, skr, Request::catalog(kind, Op::List), async { all.list(&ListParams::default()).await });
+    let listed = match list.await {
         Ok(list) => list.items,
         // KLM: a no-match (CRD absent) counts as success.
         Err(error) if error.is_not_found() => Vec::new(),
@@ -119,7 +142,7 @@ async fn sync_kind(
         .collect();
     let deletes = obsolete.iter().map(|(ns, name)| {
         let api = Api::<DynamicObject>::namespaced_with(skr.client.clone(), ns, &ar);
-        call(ctx, skr, kind, Op::Delete, async move {
+        call(ctx, skr, Request::catalog(kind, Op::Delete), async move {
             match api.delete(name, &DeleteParams::default()).await {
                 Ok(_) => Ok(()),
                 Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
@@ -137,13 +160,12 @@ async fn sync_kind(
     }
 }
 
-/// Performs one SKR request: in-flight bound, rate limit, count, timeout.
-async fn call<T>(
+/// Performs one SKR request: in-flight bound, rate limit, then [`counted`].
+pub(super) async fn call<T>(
     ctx: &Ctx,
     skr: &Skr,
-    kind: CatalogKind,
-    op: Op,
-    request: impl Future<Output = Result<T, kube::Error>>,
+    request: Request,
+    future: impl Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, RequestError> {
     // Held until the response is read, as a connection is.
     let _permit = match &skr.in_flight {
@@ -153,16 +175,25 @@ async fn call<T>(
     if let Some(limiter) = &skr.limiter {
         limiter.acquire().await;
     }
-    ctx.stats.count(kind, op);
+    counted(ctx, request, future).await
+}
+
+/// Performs one request (SKR or KCP): count, timeout, and the failure counted unless it is a
+/// 404 the request expects.
+pub(super) async fn counted<T>(
+    ctx: &Ctx,
+    request: Request,
+    future: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, RequestError> {
+    ctx.stats.count(request);
     let timeout = ctx.pass.request_timeout;
-    let result = match tokio::time::timeout(timeout, request).await {
+    let result = match tokio::time::timeout(timeout, future).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(RequestError::Kube(error)),
         Err(_) => Err(RequestError::Timeout(timeout)),
     };
-    let not_found = result.as_ref().is_err_and(RequestError::is_not_found);
-    if result.is_err() && !(not_found && op == Op::List) {
-        ctx.stats.count_error(kind, op);
+    if result.as_ref().is_err_and(|e| !(request.expects_not_found() && e.is_not_found())) {
+        ctx.stats.count_error(request);
     }
     result
 }

@@ -28,15 +28,24 @@ pub struct BaselineStats {
     /// (no SKR request).
     #[serde(default)]
     pub skipped_passes: u64,
-    /// SKR requests issued, keyed `"<op> <plural>"`: op is `apply`, `list` or `delete`,
-    /// plural is `moduletemplates` or `modulereleasemetas`. Failed requests count too.
+    /// SKR requests issued, keyed `"<verb> <plural>"` as the simulator keys them: the catalog's
+    /// `apply`, `list` and `delete` of `moduletemplates` and `modulereleasemetas`, and with
+    /// `--reconcile full` or `without-catalog` also `apply namespaces`, `apply
+    /// customresourcedefinitions`, and `get`, `create`, `apply` and `replace-status` of
+    /// `kymas`. Failed requests count too.
     pub requests: BTreeMap<String, u64>,
-    /// Of [`BaselineStats::requests`], those that failed (timeouts included; NotFound on
-    /// delete and list is success), by the same keys.
+    /// Of [`BaselineStats::requests`] and [`BaselineStats::kcp_requests`], those that failed
+    /// (timeouts included; NotFound on delete and list is success, and on the get of the SKR
+    /// Kyma an answer), by the same keys.
     #[serde(default)]
     pub request_errors: BTreeMap<String, u64>,
     /// Sum of [`BaselineStats::requests`].
     pub requests_total: u64,
+    /// KCP requests issued (`--reconcile full` or `without-catalog`): `patch kymas` (the
+    /// finalizer) and `apply-status kymas`. Failed requests count too; reads from the caches
+    /// are no requests.
+    #[serde(default)]
+    pub kcp_requests: BTreeMap<String, u64>,
     /// Duration of completed passes, failed ones included (desired set, SKR client, SKR
     /// requests), in seconds, over the most recent [`MAX_SAMPLES`] passes.
     pub pass_seconds: Percentiles,
@@ -44,7 +53,8 @@ pub struct BaselineStats {
     /// its pass started: above zero when the workers do not keep up with the period. In
     /// seconds, over the most recent [`MAX_SAMPLES`] passes.
     pub queue_lag_seconds: Percentiles,
-    /// When the controller started (caches synced), Unix milliseconds (not reset).
+    /// When the workers started (every cache synced, the Kymas' too), Unix milliseconds (not
+    /// reset).
     #[serde(default)]
     pub started_unix_ms: u64,
     /// When every Kyma known at start had completed one pass, successful or not (Kymas deleted
@@ -60,7 +70,103 @@ pub struct BaselineStats {
     pub last_error: Option<String>,
 }
 
-/// A kind of SKR request.
+/// A request a pass sends: to the SKR (keyed `"<verb> <plural>"` as the simulator keys it)
+/// or to the KCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Request {
+    /// SSA of a desired ModuleTemplate.
+    ApplyTemplate,
+    /// The cluster-wide list of ModuleTemplates.
+    ListTemplates,
+    /// Deletion of an obsolete ModuleTemplate.
+    DeleteTemplate,
+    /// SSA of a desired ModuleReleaseMeta.
+    ApplyReleaseMeta,
+    /// The cluster-wide list of ModuleReleaseMetas.
+    ListReleaseMetas,
+    /// Deletion of an obsolete ModuleReleaseMeta.
+    DeleteReleaseMeta,
+    /// SSA of the SKR's `kyma-system` namespace.
+    ApplyNamespace,
+    /// SSA of one of the three CRDs.
+    ApplyCrd,
+    /// Get of the SKR Kyma.
+    GetSkrKyma,
+    /// Create of the SKR Kyma (when the get found none).
+    CreateSkrKyma,
+    /// SSA of the SKR Kyma's labels and annotations.
+    ApplySkrKyma,
+    /// Update of the SKR Kyma's status.
+    ReplaceSkrKymaStatus,
+    /// KCP: update of the Kyma adding the finalizer.
+    PatchKcpKyma,
+    /// KCP: SSA of the Kyma's status.
+    ApplyKcpKymaStatus,
+}
+
+impl Request {
+    const ALL: [Request; 14] = [
+        Request::ApplyTemplate,
+        Request::ListTemplates,
+        Request::DeleteTemplate,
+        Request::ApplyReleaseMeta,
+        Request::ListReleaseMetas,
+        Request::DeleteReleaseMeta,
+        Request::ApplyNamespace,
+        Request::ApplyCrd,
+        Request::GetSkrKyma,
+        Request::CreateSkrKyma,
+        Request::ApplySkrKyma,
+        Request::ReplaceSkrKymaStatus,
+        Request::PatchKcpKyma,
+        Request::ApplyKcpKymaStatus,
+    ];
+
+    /// The catalog request of `op` on `kind`.
+    pub fn catalog(kind: CatalogKind, op: Op) -> Request {
+        match (kind, op) {
+            (CatalogKind::ModuleTemplate, Op::Apply) => Request::ApplyTemplate,
+            (CatalogKind::ModuleTemplate, Op::List) => Request::ListTemplates,
+            (CatalogKind::ModuleTemplate, Op::Delete) => Request::DeleteTemplate,
+            (CatalogKind::ModuleReleaseMeta, Op::Apply) => Request::ApplyReleaseMeta,
+            (CatalogKind::ModuleReleaseMeta, Op::List) => Request::ListReleaseMetas,
+            (CatalogKind::ModuleReleaseMeta, Op::Delete) => Request::DeleteReleaseMeta,
+        }
+    }
+
+    /// The stats key.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Request::ApplyTemplate => "apply moduletemplates",
+            Request::ListTemplates => "list moduletemplates",
+            Request::DeleteTemplate => "delete moduletemplates",
+            Request::ApplyReleaseMeta => "apply modulereleasemetas",
+            Request::ListReleaseMetas => "list modulereleasemetas",
+            Request::DeleteReleaseMeta => "delete modulereleasemetas",
+            Request::ApplyNamespace => "apply namespaces",
+            Request::ApplyCrd => "apply customresourcedefinitions",
+            Request::GetSkrKyma => "get kymas",
+            Request::CreateSkrKyma => "create kymas",
+            Request::ApplySkrKyma => "apply kymas",
+            Request::ReplaceSkrKymaStatus => "replace-status kymas",
+            Request::PatchKcpKyma => "patch kymas",
+            Request::ApplyKcpKymaStatus => "apply-status kymas",
+        }
+    }
+
+    /// Whether the request goes to the KCP rather than the SKR.
+    pub fn is_kcp(self) -> bool {
+        matches!(self, Request::PatchKcpKyma | Request::ApplyKcpKymaStatus)
+    }
+
+    /// Whether a 404 answer is an outcome rather than a failure: a list whose CRD is absent
+    /// (KLM's no-match), a get of an SKR Kyma not created yet.
+    pub fn expects_not_found(self) -> bool {
+        matches!(self, Request::ListTemplates | Request::ListReleaseMetas | Request::GetSkrKyma)
+    }
+}
+
+/// A catalog operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Op {
     Apply,
@@ -68,48 +174,26 @@ pub(super) enum Op {
     Delete,
 }
 
-impl Op {
-    const ALL: [Op; 3] = [Op::Apply, Op::List, Op::Delete];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Op::Apply => "apply",
-            Op::List => "list",
-            Op::Delete => "delete",
-        }
-    }
-}
-
-/// Request counters indexed by kind and op.
+/// Request counters, one per [`Request`].
 #[derive(Default)]
-struct Counters([[AtomicU64; 3]; 2]);
+struct Counters([AtomicU64; Request::ALL.len()]);
 
 impl Counters {
-    fn slot(&self, kind: CatalogKind, op: Op) -> &AtomicU64 {
-        let k = match kind {
-            CatalogKind::ModuleTemplate => 0,
-            CatalogKind::ModuleReleaseMeta => 1,
-        };
-        let o = match op {
-            Op::Apply => 0,
-            Op::List => 1,
-            Op::Delete => 2,
-        };
-        &self.0[k][o]
+    fn slot(&self, request: Request) -> &AtomicU64 {
+        &self.0[request as usize]
     }
 
-    fn to_map(&self) -> BTreeMap<String, u64> {
-        let mut out = BTreeMap::new();
-        for kind in CatalogKind::ALL {
-            for op in Op::ALL {
-                out.insert(format!("{} {}", op.as_str(), kind.plural()), self.slot(kind, op).load(Ordering::Relaxed));
-            }
-        }
-        out
+    /// The counts of the SKR requests (`kcp` false) or of the KCP ones, by key.
+    fn to_map(&self, kcp: bool) -> BTreeMap<String, u64> {
+        Request::ALL
+            .into_iter()
+            .filter(|r| r.is_kcp() == kcp)
+            .map(|r| (r.as_str().to_owned(), self.slot(r).load(Ordering::Relaxed)))
+            .collect()
     }
 
     fn reset(&self) {
-        self.0.iter().flatten().for_each(|c| c.store(0, Ordering::Relaxed));
+        self.0.iter().for_each(|c| c.store(0, Ordering::Relaxed));
     }
 }
 
@@ -152,7 +236,7 @@ pub(super) struct Stats {
     pub pass_seconds: Samples,
     /// Queue lags.
     pub queue_lag: Samples,
-    /// When the controller started, Unix milliseconds.
+    /// When the workers started, Unix milliseconds.
     pub started_unix_ms: AtomicU64,
     /// Passes running now.
     pub in_flight: AtomicU64,
@@ -161,20 +245,22 @@ pub(super) struct Stats {
 }
 
 impl Stats {
-    /// Counts one SKR request.
-    pub fn count(&self, kind: CatalogKind, op: Op) {
-        self.requests.slot(kind, op).fetch_add(1, Ordering::Relaxed);
+    /// Counts one request.
+    pub fn count(&self, request: Request) {
+        self.requests.slot(request).fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts one failed SKR request.
-    pub fn count_error(&self, kind: CatalogKind, op: Op) {
-        self.request_errors.slot(kind, op).fetch_add(1, Ordering::Relaxed);
+    /// Counts one failed request.
+    pub fn count_error(&self, request: Request) {
+        self.request_errors.slot(request).fetch_add(1, Ordering::Relaxed);
     }
 
     /// The counters as [`BaselineStats`]; what is not counted here (`kymas`, `queued`,
     /// `first_round_done_unix_ms`) is left empty for the caller to fill in.
     pub fn snapshot(&self) -> BaselineStats {
-        let requests = self.requests.to_map();
+        let requests = self.requests.to_map(false);
+        let mut request_errors = self.request_errors.to_map(false);
+        request_errors.extend(self.request_errors.to_map(true));
         BaselineStats {
             kymas: 0,
             passes: self.passes.load(Ordering::Relaxed),
@@ -182,7 +268,8 @@ impl Stats {
             skipped_passes: self.skipped_passes.load(Ordering::Relaxed),
             requests_total: requests.values().sum(),
             requests,
-            request_errors: self.request_errors.to_map(),
+            request_errors,
+            kcp_requests: self.requests.to_map(true),
             pass_seconds: self.pass_seconds.percentiles(),
             queue_lag_seconds: self.queue_lag.percentiles(),
             started_unix_ms: self.started_unix_ms.load(Ordering::Relaxed),

@@ -9,7 +9,8 @@ use anyhow::{Result, ensure};
 use super::RunArgs;
 use super::rows::{NewModuleRow, PropagationRow, SteadyRow};
 use super::setup::{new_module_objects, probe_mt, release, traffic};
-use crate::bench::{Baseline, Bench, Reached, marks_until, proc_sample};
+use crate::baseline::Reconcile;
+use crate::bench::{BASELINE_USER, Baseline, Bench, Reached, marks_until, proc_sample};
 use crate::sim::MARK_ANNOTATION;
 use crate::stats::unix_ms;
 
@@ -36,7 +37,7 @@ pub(super) async fn baseline(args: &RunArgs, bench: &Bench) -> Result<BaselineRo
     eprintln!("baseline: {} workers, period {}s", args.baseline_workers, args.baseline_period_secs);
     let n = bench.kymas.len();
     let period = Duration::from_secs(args.baseline_period_secs);
-    let process = bench.start_baseline(period, args.baseline_workers, false).await?;
+    let process = bench.start_baseline(period, args.baseline_workers, false, Reconcile::Catalog).await?;
     await_periodic(&process, n, period).await?;
     let sim = &bench.sim()?.admin;
     sim.reset().await?;
@@ -68,7 +69,7 @@ pub(super) async fn baseline(args: &RunArgs, bench: &Bench) -> Result<BaselineRo
     let traffic = traffic(bench).await?;
     let stats = process.admin.stats().await?;
     let t1 = unix_ms();
-    let (_, kcp_writes) = bench.kcp_writes("admin", t0, t1);
+    let (_, kcp_writes) = bench.kcp_writes(BASELINE_USER, t0, t1);
     process.stop().await;
     // The window covers about one pass per Kyma (one round).
     let periods = stats.passes.max(1) as f64 / n as f64;
@@ -93,7 +94,6 @@ pub(super) async fn baseline(args: &RunArgs, bench: &Bench) -> Result<BaselineRo
             periods,
             traffic: traffic.clone(),
             kcp_writes: kcp_writes as u64,
-            kcp_writes_note: Some("harness writes only"),
             kcp_lease_writes: 0,
             cpu_seconds_per_period: vec![(cpu1.cpu_seconds - cpu0.cpu_seconds) / periods],
             peak_rss_mib: vec![cpu1.peak_rss_mib],

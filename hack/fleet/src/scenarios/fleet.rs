@@ -14,12 +14,13 @@ use super::propagation::{cold_run, fault_run, new_module, props};
 use super::rebalance::rebalance;
 use super::report::{Report, push_row};
 use super::rows::{FaultRow, MemoryRow, NewModuleRow, PropagationRow, RebalanceRow, RolloutRow, ScalingRow, SteadyRow};
-use super::setup::{replica_ids, start_bench, start_replicas};
+use super::setup::{SYNC_TIMEOUT, fill_skrs, replica_ids, start_bench, start_replicas};
 use super::steady::steady;
 use crate::bench::await_synced;
 
-/// How long the replicas may take until every SKR synced.
-const SYNC_TIMEOUT: Duration = Duration::from_secs(900);
+/// The resync period of the steady-state run, unless `--resync-secs` says otherwise: short,
+/// so that 3 periods fit in a few minutes.
+const STEADY_RESYNC: Duration = Duration::from_secs(60);
 
 /// The p99 of the single update (normal, slow SKR latency) by replica count.
 type P99s = BTreeMap<usize, (f64, f64)>;
@@ -100,7 +101,8 @@ pub(super) async fn fleet(args: &RunArgs, dir: &Path, report: &mut Report) -> Re
 
     // Steady state: 3 fresh replicas with a short resync period, 3 periods.
     let mut steady_rows: Vec<SteadyRow> = Vec::new();
-    push_row(&mut steady_rows, "steady", steady(args, &mut bench).await?);
+    let resync = args.resync_secs.map_or(STEADY_RESYNC, Duration::from_secs);
+    push_row(&mut steady_rows, "steady", steady(&mut bench, resync).await?);
 
     if !args.no_growth {
         eprintln!("3 fresh replicas on {n} Kymas (cold start), then growing to {} Kymas", 2 * n);
@@ -138,9 +140,7 @@ pub(super) async fn fleet(args: &RunArgs, dir: &Path, report: &mut Report) -> Re
 /// the baseline's window as in the fleet scenario.
 pub(super) async fn baseline_alone(args: &RunArgs, dir: &Path, report: &mut Report) -> Result<()> {
     let mut bench = start_bench(args, dir, args.kymas).await?;
-    eprintln!("3 replicas fill the SKRs");
-    start_replicas(&mut bench, &replica_ids(3, 0), &[], SYNC_TIMEOUT).await?;
-    bench.terminate_all().await?;
+    fill_skrs(&mut bench).await?;
     let b = baseline(args, &bench).await?;
     report.table("Propagation", &PropagationRow::HEADER, &[b.one, b.release]);
     report.table("New module (MRM + MT created)", &NewModuleRow::HEADER, &[b.new_module]);

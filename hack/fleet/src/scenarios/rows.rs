@@ -22,6 +22,8 @@ pub struct Traffic {
     pub writes: u64,
     /// Requests by verb (`get`, `list-meta`, `apply`, ...).
     pub by_verb: BTreeMap<String, u64>,
+    /// Requests by verb and resource, as the simulator keys them (`apply namespaces`, ...).
+    pub by_request: BTreeMap<String, u64>,
     /// TLS handshakes.
     pub handshakes: u64,
     /// Of them, resumed sessions.
@@ -40,6 +42,7 @@ impl Traffic {
             requests: stats.total_requests,
             writes: stats.writes,
             by_verb,
+            by_request: stats.requests.clone(),
             handshakes: stats.handshakes,
             resumed_handshakes: stats.resumed_handshakes,
         }
@@ -339,8 +342,6 @@ pub struct SteadyRow {
     pub traffic: Traffic,
     /// KCP writes other than Leases.
     pub kcp_writes: u64,
-    /// What `kcp_writes` counts, when not the run's own writes.
-    pub kcp_writes_note: Option<&'static str>,
     /// KCP Lease writes.
     pub kcp_lease_writes: u64,
     /// CPU seconds per period, per process.
@@ -371,21 +372,110 @@ impl Row for SteadyRow {
     fn cells(&self) -> Vec<String> {
         let t = &self.traffic;
         let periods = if self.periods.fract() == 0.0 { format!("{:.0}", self.periods) } else { f2(self.periods) };
-        let kcp_writes = match self.kcp_writes_note {
-            Some(note) => format!("{} ({note})", self.kcp_writes),
-            None => self.kcp_writes.to_string(),
-        };
         vec![
             self.run.clone(),
             periods,
             f2(t.per_skr(t.requests) / self.periods),
             t.writes.to_string(),
-            kcp_writes,
+            self.kcp_writes.to_string(),
             self.kcp_lease_writes.to_string(),
             joined(&self.cpu_seconds_per_period, f2),
             joined(&self.peak_rss_mib, f1),
             f2(self.sim_cpu_seconds_per_period),
             t.verbs(),
+        ]
+    }
+}
+
+/// One side of the Kyma reconcile comparison: a round of the baseline's reconcile (every
+/// Kyma due at once, so the workers are busy throughout), or catalogsync's steady state.
+/// Per-unit columns divide by passes, or by SKRs times resync periods.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReconcileRow {
+    /// Who, doing what.
+    pub run: String,
+    /// What one unit is: a Kyma's pass, or an SKR's resync period.
+    pub unit: &'static str,
+    /// Units in the window.
+    pub units: f64,
+    /// The window, seconds.
+    pub window_seconds: f64,
+    /// Pass durations, seconds (the baseline).
+    pub pass_seconds: Option<Percentiles>,
+    /// Passes per second over the round (the baseline).
+    pub kymas_per_second: Option<f64>,
+    /// The simulator's traffic over the window.
+    pub traffic: Traffic,
+    /// KCP writes of the run's processes other than Leases.
+    pub kcp_writes: u64,
+    /// CPU seconds over the window, per process.
+    pub cpu_seconds: Vec<f64>,
+    /// The simulator's CPU seconds over the window.
+    pub sim_cpu_seconds: f64,
+}
+
+impl ReconcileRow {
+    /// The table's header.
+    pub const HEADER: [&str; 13] = [
+        "run",
+        "unit",
+        "units",
+        "window s",
+        "pass p50 / p99 s",
+        "Kymas/s",
+        "SKR requests / unit",
+        "SKR writes / unit",
+        "KCP writes / unit",
+        "CPU s, per process",
+        "CPU ms / unit",
+        "simulator CPU ms / unit",
+        "SKR requests / unit, by request",
+    ];
+
+    /// catalogsync's steady state as a row of this table: one unit per SKR and period.
+    pub fn from_steady(steady: &SteadyRow) -> ReconcileRow {
+        let skr_periods = steady.periods * steady.traffic.skrs as f64;
+        ReconcileRow {
+            run: steady.run.clone(),
+            unit: "SKR period",
+            units: skr_periods,
+            window_seconds: 0.0,
+            pass_seconds: None,
+            kymas_per_second: None,
+            traffic: steady.traffic.clone(),
+            kcp_writes: steady.kcp_writes,
+            cpu_seconds: steady.cpu_seconds_per_period.iter().map(|c| c * steady.periods).collect(),
+            sim_cpu_seconds: steady.sim_cpu_seconds_per_period * steady.periods,
+        }
+    }
+
+    /// `v` per unit.
+    fn per_unit(&self, v: f64) -> f64 {
+        v / self.units.max(1.0)
+    }
+}
+
+impl Row for ReconcileRow {
+    fn cells(&self) -> Vec<String> {
+        let t = &self.traffic;
+        let per = |v: u64| f2(self.per_unit(v as f64));
+        let pass = self.pass_seconds.as_ref().map(|p| format!("{} / {}", f2(p.p50), f2(p.p99)));
+        let by_request: Vec<String> =
+            t.by_request.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k} {}", per(*v))).collect();
+        vec![
+            self.run.clone(),
+            self.unit.to_owned(),
+            format!("{:.0}", self.units),
+            or_dash(Some(self.window_seconds).filter(|w| *w > 0.0), f1),
+            pass.unwrap_or_else(|| "-".to_owned()),
+            or_dash(self.kymas_per_second, f2),
+            per(t.requests),
+            per(t.writes),
+            per(self.kcp_writes),
+            joined(&self.cpu_seconds, f1),
+            f2(1000.0 * self.per_unit(self.cpu_seconds.iter().sum())),
+            f2(1000.0 * self.per_unit(self.sim_cpu_seconds)),
+            by_request.join(", "),
         ]
     }
 }
@@ -577,6 +667,8 @@ mod tests {
             requests: 250,
             writes: 100,
             by_verb: [("apply".to_owned(), 100), ("list-meta".to_owned(), 150)].into(),
+            by_request: [("apply moduletemplates".to_owned(), 100), ("list-meta moduletemplates".to_owned(), 150)]
+                .into(),
             handshakes: 3,
             resumed_handshakes: 1,
         }
@@ -624,23 +716,64 @@ mod tests {
         assert_eq!(baseline.cells().len(), PropagationRow::HEADER.len());
     }
 
-    #[test]
-    fn steady_rows_show_configured_periods_whole_and_estimated_ones_with_decimals() {
-        let row = |periods: f64, note| SteadyRow {
+    fn steady(periods: f64) -> SteadyRow {
+        SteadyRow {
             run: "r".into(),
             periods,
             traffic: traffic(),
             kcp_writes: 7,
-            kcp_writes_note: note,
             kcp_lease_writes: 9,
             cpu_seconds_per_period: vec![0.5, 0.25],
             peak_rss_mib: vec![100.0, 120.04],
             sim_cpu_seconds_per_period: 0.1,
-        };
-        let catalogsync = row(3.0, None).cells();
+        }
+    }
+
+    #[test]
+    fn steady_rows_show_configured_periods_whole_and_estimated_ones_with_decimals() {
+        let catalogsync = steady(3.0).cells();
         assert_eq!(catalogsync[1..8], ["3", "0.83", "100", "7", "9", "0.50 / 0.25", "100.0 / 120.0"]);
-        let baseline = row(0.8, Some("harness writes only")).cells();
-        assert_eq!(baseline[1..5], ["0.80", "3.12", "100", "7 (harness writes only)"]);
+        let baseline = steady(0.8).cells();
+        assert_eq!(baseline[1..5], ["0.80", "3.12", "100", "7"]);
+    }
+
+    #[test]
+    fn reconcile_rows_divide_by_passes_or_by_skr_periods() {
+        let round = ReconcileRow {
+            run: "baseline".into(),
+            unit: "pass",
+            units: 100.0,
+            window_seconds: 20.0,
+            pass_seconds: Some(Percentiles { count: 100, p50: 0.5, p90: 0.7, p99: 0.9, max: 1.0 }),
+            kymas_per_second: Some(5.0),
+            traffic: traffic(),
+            kcp_writes: 100,
+            cpu_seconds: vec![2.0],
+            sim_cpu_seconds: 1.0,
+        };
+        assert_eq!(
+            round.cells(),
+            [
+                "baseline",
+                "pass",
+                "100",
+                "20.0",
+                "0.50 / 0.90",
+                "5.00",
+                "2.50",
+                "1.00",
+                "1.00",
+                "2.0",
+                "20.00",
+                "10.00",
+                "apply moduletemplates 1.00, list-meta moduletemplates 1.50"
+            ]
+        );
+        // 3 periods over 100 SKRs: 300 units; CPU per period times 3, per replica.
+        let catalogsync = ReconcileRow::from_steady(&steady(3.0)).cells();
+        assert_eq!(catalogsync[1..5], ["SKR period", "300", "-", "-"]);
+        assert_eq!(catalogsync[6..12], ["0.83", "0.33", "0.02", "1.5 / 0.8", "7.50", "1.00"]);
+        assert_eq!(catalogsync.len(), ReconcileRow::HEADER.len());
     }
 
     #[test]

@@ -14,6 +14,9 @@ use super::rows::Traffic;
 use crate::bench::{Bench, await_synced, proc_sample};
 use crate::sim::Faults;
 
+/// How long the replicas may take until every SKR synced.
+pub(super) const SYNC_TIMEOUT: Duration = Duration::from_secs(900);
+
 /// The KCP with the catalog and the simulator with `--latency-ms`, then `kymas` Kymas.
 pub(super) async fn start_bench(args: &RunArgs, dir: &Path, kymas: usize) -> Result<Bench> {
     eprintln!("starting the KCP and the simulator");
@@ -42,6 +45,14 @@ pub(super) async fn start_replicas(
     bench.await_ready(Duration::from_secs(120)).await?;
     await_synced(bench, bench.kymas.len(), timeout).await?;
     Ok(started.elapsed().as_secs_f64())
+}
+
+/// Fills every SKR with its catalog: 3 replicas until every Kyma synced once, then stopped,
+/// so that a baseline started next finds SKRs that hold their catalogs.
+pub(super) async fn fill_skrs(bench: &mut Bench) -> Result<()> {
+    eprintln!("3 replicas fill the SKRs");
+    start_replicas(bench, &replica_ids(3, 0), &[], SYNC_TIMEOUT).await?;
+    bench.terminate_all().await
 }
 
 /// Replica identities `catalogsync-<offset>..`.

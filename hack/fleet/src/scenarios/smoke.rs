@@ -1,7 +1,7 @@
 //! The smoke scenario: a small run of the whole path (CI runs it so the harness does not rot).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Result, ensure};
 
@@ -9,11 +9,12 @@ use super::propagation::{new_module, propagate};
 use super::report::{Report, markdown};
 use super::rows::SmokeResult;
 use super::setup::{probe_mt, replica_ids, start_replicas};
+use crate::baseline::Reconcile;
 use crate::bench::Bench;
 use crate::sim::Faults;
 
 /// 50 Kymas, 2 replicas, a short latency; the rollout, one propagation, a new module, and a
-/// baseline round. Fails when any step does.
+/// baseline round of the full Kyma reconcile. Fails when any step does.
 pub(super) async fn smoke(dir: &Path, report: &mut Report) -> Result<()> {
     let n = 50;
     let replicas = 2;
@@ -27,18 +28,13 @@ pub(super) async fn smoke(dir: &Path, report: &mut Report) -> Result<()> {
     ensure!(one.traffic.writes as usize == n, "expected {n} SKR writes for one MT update, saw {}", one.traffic.writes);
     let nm = new_module(&bench, timeout).await?;
     bench.terminate_all().await?;
-    let baseline = bench.start_baseline(Duration::from_secs(300), 25, true).await?;
-    let deadline = Instant::now() + timeout;
-    let stats = loop {
-        let s = baseline.admin.stats().await?;
-        if s.first_round_done_unix_ms.is_some() {
-            break s;
-        }
-        ensure!(Instant::now() < deadline, "the baseline did not finish a round within {}s", timeout.as_secs());
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let baseline = bench.start_baseline(Duration::from_secs(300), 25, true, Reconcile::Full).await?;
+    let stats = baseline.await_round(timeout).await;
     baseline.stop().await;
+    let stats = stats?;
     ensure!(stats.passes as usize >= n, "baseline: {} passes for {n} Kymas", stats.passes);
+    let status_writes = stats.kcp_requests.get("apply-status kymas").copied().unwrap_or_default();
+    ensure!(status_writes as usize >= n, "baseline: {status_writes} KCP status writes for {n} Kymas");
     let result = SmokeResult {
         kymas: n,
         replicas,

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::RunArgs;
 use super::rows::SteadyRow;
 use super::setup::{replica_ids, start_replicas, traffic};
 use crate::bench::{Bench, proc_sample};
@@ -14,12 +13,12 @@ use crate::stats::unix_ms;
 /// Resync periods measured.
 const PERIODS: u32 = 3;
 
-/// 3 fresh replicas with `--resync-period <resync>`, measured over [`PERIODS`] periods, then
-/// stopped.
-pub(super) async fn steady(args: &RunArgs, bench: &mut Bench) -> Result<SteadyRow> {
-    eprintln!("steady state: 3 replicas, resync {}s, {PERIODS} periods", args.resync_secs);
-    let period = Duration::from_secs(args.resync_secs);
-    let extra = vec!["--resync-period".to_owned(), format!("{}s", args.resync_secs)];
+/// 3 fresh replicas with `--resync-period <period>` (given explicitly, whatever the default),
+/// measured over [`PERIODS`] periods, then stopped.
+pub(super) async fn steady(bench: &mut Bench, period: Duration) -> Result<SteadyRow> {
+    let secs = period.as_secs();
+    eprintln!("steady state: 3 replicas, resync {secs}s, {PERIODS} periods");
+    let extra = vec!["--resync-period".to_owned(), format!("{secs}s")];
     let ids = replica_ids(3, 100);
     start_replicas(bench, &ids, &extra, Duration::from_secs(900)).await?;
     // Every SKR has had its cold sync; one more period lets the first warm resyncs pass, so
@@ -47,11 +46,10 @@ pub(super) async fn steady(args: &RunArgs, bench: &mut Bench) -> Result<SteadyRo
     // following phases wait for.
     bench.terminate_all().await?;
     Ok(SteadyRow {
-        run: format!("catalogsync, 3 replicas, resync {}s", args.resync_secs),
+        run: format!("catalogsync, 3 replicas, resync {secs}s"),
         periods,
         traffic,
         kcp_writes: other_writes as u64,
-        kcp_writes_note: None,
         kcp_lease_writes: lease_writes as u64,
         cpu_seconds_per_period: cpu,
         peak_rss_mib: peaks,

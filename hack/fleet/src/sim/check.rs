@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
-use catalogsync::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
+use catalogsync::api::{
+    Kyma, MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER,
+};
 use catalogsync::catalog::render::{copy_matches, is_subset};
 use catalogsync::sync::executor::SkrCrds;
 use futures::{StreamExt as _, TryStreamExt as _, stream};
@@ -263,6 +265,7 @@ async fn run_checks(sim: &Sim, report: &mut Report) {
     report.record("catalog kinds are 404 before their CRDs exist", not_served(&a, e).await);
     report.record("CRDs: apply, await established, round trip, fieldSelector list", crds(&a, e).await);
     report.record("watch: ADDED event, stream ends at timeout", watch(&a).await);
+    report.record("Kymas: served after their CRD; status and the rest written apart", kymas(&a, e).await);
     let mt = format!("check-mt-{tag}");
     let result = module_templates(&a, &mt, e).await;
     report.record("MTs: list, apply, no-op apply keeps rv, changes bump rv and generation", result);
@@ -357,6 +360,53 @@ async fn watch(a: &Client) -> Result<()> {
     ensure!(matches!(&events[0], WatchEvent::Added(crd) if crd.name_any() == name), "expected ADDED {name}");
     let took = started.elapsed();
     ensure!(took >= Duration::from_millis(900) && took < Duration::from_secs(4), "watch lasted {took:?}");
+    Ok(())
+}
+
+/// What lifecycle-manager's Kyma reconcile does to the SKR Kyma: its CRD applied, then a
+/// create, a get, a status replace (stale and current) and a metadata apply.
+async fn kymas(a: &Client, e: &mut Expected) -> Result<()> {
+    let api: Api<DynamicObject> = Api::namespaced_with(a.clone(), CHECK_NS, &ApiResource::erase::<Kyma>(&()));
+    let crds: Api<CustomResourceDefinition> = Api::all(a.clone());
+    let before = crds.get_opt(Kyma::crd_name()).await?;
+    e.read("get customresourcedefinitions");
+    if before.is_none() {
+        expect_error(api.get("default").await, 404, "NotFound")?;
+        e.read("get kymas");
+    }
+    let applied = crds.patch(Kyma::crd_name(), &apply_params(), &Patch::Apply(SkrCrds::render(&Kyma::crd()))).await?;
+    let changed = before.is_none_or(|b| b.resource_version() != applied.resource_version());
+    e.write("apply customresourcedefinitions", changed);
+
+    let body = json!({"apiVersion": "operator.kyma-project.io/v1beta2", "kind": "Kyma",
+                      "metadata": {"name": "default", "namespace": CHECK_NS},
+                      "spec": {"channel": "regular"}, "status": {"state": "Processing"}});
+    let created = api.create(&PostParams::default(), &serde_json::from_value(body)?).await?;
+    e.write("create kymas", true);
+    ensure!(created.data.get("status").is_none(), "a create kept the status");
+    let mut got = api.get("default").await?;
+    e.read("get kymas");
+    let stale = got.clone();
+    got.data["status"] = json!({"state": "Ready"});
+    let replaced = api.replace_status("default", &PostParams::default(), &got).await?;
+    e.write("replace-status kymas", true);
+    ensure!(replaced.data["status"]["state"] == "Ready", "status not replaced");
+    ensure!(replaced.resource_version() != got.resource_version(), "status replace kept the rv");
+    let result = api.replace_status("default", &PostParams::default(), &stale).await;
+    expect_error(result, 409, "Conflict")?;
+    e.write("replace-status kymas", false);
+
+    let metadata = json!({"apiVersion": "operator.kyma-project.io/v1beta2", "kind": "Kyma",
+                          "metadata": {"name": "default", "namespace": CHECK_NS, "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE}}});
+    let params = PatchParams::apply("kyma-sync-context").force();
+    let labelled = api.patch("default", &params, &Patch::Apply(&metadata)).await?;
+    e.write("apply kymas", true);
+    ensure!(labelled.labels().get(MANAGED_BY_LABEL).is_some(), "label not applied");
+    ensure!(labelled.data["spec"]["channel"] == "regular", "a metadata apply dropped the spec");
+    ensure!(labelled.data["status"]["state"] == "Ready", "a metadata apply dropped the status");
+    let again = api.patch("default", &params, &Patch::Apply(&metadata)).await?;
+    e.write("apply kymas", false);
+    ensure!(again.resource_version() == labelled.resource_version(), "a no-op apply changed the rv");
     Ok(())
 }
 
@@ -551,7 +601,7 @@ async fn marks(sim: &Sim, a: &Client, b: &Client, tag: &str) -> Result<()> {
     ensure!(v1.holding == 1, "v1 after change: {v1:?}");
     let any = sim.admin.marks("moduletemplates", &name, None).await?;
     ensure!(any.holding == 2, "any: {any:?}");
-    ensure!(sim.admin.marks("kymas", &name, None).await.is_err(), "unknown resource not an error");
+    ensure!(sim.admin.marks("pods", &name, None).await.is_err(), "unknown resource not an error");
     Ok(())
 }
 

@@ -94,11 +94,14 @@ struct Target<'a> {
     /// Namespace of a namespaced request; `None` for cluster-scoped or all-namespace ones.
     namespace: Option<&'a str>,
     name: Option<&'a str>,
+    /// The request is to the object's `/status` subresource.
+    status: bool,
 }
 
 fn parse_path(path: &str) -> Option<Target<'_>> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let cluster = |res, name| Some(Target { res, namespace: None, name });
+    let cluster = |res, name| Some(Target { res, namespace: None, name, status: false });
+    let namespaced = |res, ns, name| Some(Target { res, namespace: Some(ns), name, status: false });
     let catalog = |plural: &str| Res::from_plural(plural).filter(|r| r.namespaced());
     match segments.as_slice() {
         ["api", "v1", "namespaces"] => cluster(Res::Namespaces, None),
@@ -107,10 +110,14 @@ fn parse_path(path: &str) -> Option<Target<'_>> {
         ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions", name] => cluster(Res::Crds, Some(*name)),
         ["apis", "operator.kyma-project.io", "v1beta2", plural] => cluster(catalog(plural)?, None),
         ["apis", "operator.kyma-project.io", "v1beta2", "namespaces", ns, plural] => {
-            Some(Target { res: catalog(plural)?, namespace: Some(*ns), name: None })
+            namespaced(catalog(plural)?, *ns, None)
         }
         ["apis", "operator.kyma-project.io", "v1beta2", "namespaces", ns, plural, name] => {
-            Some(Target { res: catalog(plural)?, namespace: Some(*ns), name: Some(*name) })
+            namespaced(catalog(plural)?, *ns, Some(*name))
+        }
+        ["apis", "operator.kyma-project.io", "v1beta2", "namespaces", ns, plural, name, "status"] => {
+            let res = catalog(plural).filter(|r| r.has_status())?;
+            Some(Target { res, namespace: Some(*ns), name: Some(*name), status: true })
         }
         _ => None,
     }
@@ -182,6 +189,13 @@ fn is_meta_only(headers: &HeaderMap) -> bool {
 
 fn verb(method: &Method, target: Option<&Target<'_>>, query: &Query, meta_only: bool) -> Verb {
     let Some(t) = target else { return Verb::Other };
+    if t.status {
+        return match *method {
+            Method::GET => Verb::Get,
+            Method::PUT => Verb::ReplaceStatus,
+            _ => Verb::Other,
+        };
+    }
     match (method, t.name.is_some()) {
         (&Method::GET, true) if meta_only => Verb::GetMeta,
         (&Method::GET, true) => Verb::Get,
@@ -305,7 +319,7 @@ fn serve_skr(sim: &Sim, r: SkrRequest<'_>) -> Result<Response<Body>, ApiError> {
             }
             Ok(json_response(200, to_json(&List { res, resource_version, items: &items, meta_only })))
         }
-        (Verb::Apply | Verb::Replace | Verb::Create, _) => {
+        (Verb::Apply | Verb::Replace | Verb::Create | Verb::ReplaceStatus, _) => {
             if verb == Verb::Apply && !is_apply {
                 return Err(ApiError::new(415, "UnsupportedMediaType", "only server-side apply patches are served"));
             }
@@ -317,11 +331,12 @@ fn serve_skr(sim: &Sim, r: SkrRequest<'_>) -> Result<Response<Body>, ApiError> {
             let kind = match verb {
                 Verb::Apply => WriteKind::Apply,
                 Verb::Replace => WriteKind::Replace,
+                Verb::ReplaceStatus => WriteKind::Status,
                 _ => WriteKind::Create,
             };
             // An apply of catalog content this simulator was sent before, byte for byte.
             let key = match target.name {
-                Some(name) if verb == Verb::Apply && res.crd_name().is_some() => {
+                Some(name) if verb == Verb::Apply && res.is_catalog() => {
                     Some(Interner::apply_key(res, namespace, name, &body))
                 }
                 _ => None,
@@ -474,7 +489,11 @@ mod tests {
         assert_eq!((t.res, t.namespace, t.name), (Res::ModuleTemplates, Some("kyma-system"), Some("x")));
         let t = parse_path("/apis/operator.kyma-project.io/v1beta2/modulereleasemetas").unwrap();
         assert_eq!((t.res, t.namespace, t.name), (Res::ModuleReleaseMetas, None, None));
-        assert!(parse_path("/apis/operator.kyma-project.io/v1beta2/kymas").is_none());
+        let t =
+            parse_path("/apis/operator.kyma-project.io/v1beta2/namespaces/kyma-system/kymas/default/status").unwrap();
+        assert_eq!((t.res, t.namespace, t.name, t.status), (Res::Kymas, Some("kyma-system"), Some("default"), true));
+        assert!(parse_path("/apis/operator.kyma-project.io/v1beta2/namespaces/ns/moduletemplates/x/status").is_none());
+        assert!(parse_path("/apis/operator.kyma-project.io/v1beta2/manifests").is_none());
         assert!(parse_path("/api/v1/namespaces/x/pods").is_none());
     }
 

@@ -18,13 +18,15 @@ pub(super) enum Verb {
     Watch,
     Apply,
     Replace,
+    /// PUT to the `/status` subresource.
+    ReplaceStatus,
     Create,
     Delete,
     Other,
 }
 
 impl Verb {
-    const ALL: [Verb; 10] = [
+    const ALL: [Verb; 11] = [
         Verb::Get,
         Verb::GetMeta,
         Verb::List,
@@ -32,6 +34,7 @@ impl Verb {
         Verb::Watch,
         Verb::Apply,
         Verb::Replace,
+        Verb::ReplaceStatus,
         Verb::Create,
         Verb::Delete,
         Verb::Other,
@@ -46,6 +49,7 @@ impl Verb {
             Verb::Watch => "watch",
             Verb::Apply => "apply",
             Verb::Replace => "replace",
+            Verb::ReplaceStatus => "replace-status",
             Verb::Create => "create",
             Verb::Delete => "delete",
             Verb::Other => "other",
@@ -53,8 +57,8 @@ impl Verb {
     }
 }
 
-/// Resource slots: the four resources plus "other" (unknown paths).
-const RES_SLOTS: usize = 5;
+/// Resource slots: the served resources plus "other" (unknown paths).
+const RES_SLOTS: usize = Res::ALL.len() + 1;
 const SLOTS: usize = Verb::ALL.len() * RES_SLOTS;
 
 /// Histogram bucket ratio: a value in bucket `i` lies in `[R^i, R^(i+1))` ns, and the bucket is
@@ -275,6 +279,7 @@ mod tests {
     #[test]
     fn keys_name_verb_and_resource() {
         assert_eq!(key(slot(Verb::ListMeta, Some(Res::ModuleTemplates))), "list-meta moduletemplates");
+        assert_eq!(key(slot(Verb::ReplaceStatus, Some(Res::Kymas))), "replace-status kymas");
         assert_eq!(key(slot(Verb::Other, None)), "other other");
     }
 }

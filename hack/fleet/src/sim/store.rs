@@ -4,6 +4,13 @@
 //! write that changes neither the content nor the recorded managers is a no-op that keeps
 //! the resourceVersion, as a real apiserver does.
 //!
+//! The one kind with a status subresource, the SKR Kyma that lifecycle-manager's reconcile
+//! reads and writes, keeps its parts apart as an apiserver does: a write to the object
+//! leaves the stored status alone (a create drops the one it was sent), a write to
+//! `/status` changes nothing but the status, and an apply merges the labels, annotations
+//! and top-level fields it sends into the stored object (it adds and changes fields, it never
+//! removes one: there is no field ownership here).
+//!
 //! Content (everything but the server-set metadata) is interned in an [`Interner`], so the
 //! same ModuleTemplate held by 5,000 SKRs is one allocation.
 
@@ -27,14 +34,16 @@ pub(super) enum Res {
     Crds,
     ModuleTemplates,
     ModuleReleaseMetas,
+    /// The SKR Kyma (`kyma-system/default`), which lifecycle-manager's Kyma reconcile keeps.
+    Kymas,
 }
 
-/// Group/version of the catalog kinds.
-const CATALOG_API_VERSION: &str = "operator.kyma-project.io/v1beta2";
+/// Group/version of the `operator.kyma-project.io` kinds.
+const OPERATOR_API_VERSION: &str = "operator.kyma-project.io/v1beta2";
 
 impl Res {
     /// All resources, in [`Res::index`] order.
-    pub const ALL: [Res; 4] = [Res::Namespaces, Res::Crds, Res::ModuleTemplates, Res::ModuleReleaseMetas];
+    pub const ALL: [Res; 5] = [Res::Namespaces, Res::Crds, Res::ModuleTemplates, Res::ModuleReleaseMetas, Res::Kymas];
 
     pub fn index(self) -> usize {
         self as usize
@@ -46,6 +55,7 @@ impl Res {
             Res::Crds => "customresourcedefinitions",
             Res::ModuleTemplates => "moduletemplates",
             Res::ModuleReleaseMetas => "modulereleasemetas",
+            Res::Kymas => "kymas",
         }
     }
 
@@ -53,7 +63,7 @@ impl Res {
         match self {
             Res::Namespaces => "v1",
             Res::Crds => "apiextensions.k8s.io/v1",
-            Res::ModuleTemplates | Res::ModuleReleaseMetas => CATALOG_API_VERSION,
+            Res::ModuleTemplates | Res::ModuleReleaseMetas | Res::Kymas => OPERATOR_API_VERSION,
         }
     }
 
@@ -63,11 +73,22 @@ impl Res {
             Res::Crds => "CustomResourceDefinition",
             Res::ModuleTemplates => "ModuleTemplate",
             Res::ModuleReleaseMetas => "ModuleReleaseMeta",
+            Res::Kymas => "Kyma",
         }
     }
 
     pub fn namespaced(self) -> bool {
+        matches!(self, Res::ModuleTemplates | Res::ModuleReleaseMetas | Res::Kymas)
+    }
+
+    /// Whether the resource is one of the catalog kinds that are copied from the KCP.
+    pub fn is_catalog(self) -> bool {
         matches!(self, Res::ModuleTemplates | Res::ModuleReleaseMetas)
+    }
+
+    /// Whether the resource has a status subresource.
+    pub fn has_status(self) -> bool {
+        self == Res::Kymas
     }
 
     /// The CRD that must exist for the resource to be served.
@@ -75,6 +96,7 @@ impl Res {
         match self {
             Res::ModuleTemplates => Some("moduletemplates.operator.kyma-project.io"),
             Res::ModuleReleaseMetas => Some("modulereleasemetas.operator.kyma-project.io"),
+            Res::Kymas => Some("kymas.operator.kyma-project.io"),
             Res::Namespaces | Res::Crds => None,
         }
     }
@@ -275,7 +297,7 @@ type ByName = BTreeMap<Arc<str>, Entry>;
 #[derive(Default)]
 pub(super) struct Skr {
     resource_version: u64,
-    objects: [BTreeMap<Arc<str>, ByName>; 4],
+    objects: [BTreeMap<Arc<str>, ByName>; Res::ALL.len()],
     /// Request counters of this SKR.
     pub counts: SkrCounts,
 }
@@ -292,6 +314,8 @@ pub(super) enum WriteKind {
     Replace,
     /// POST: create a new object.
     Create,
+    /// PUT to `/status`: replace the status of an existing object.
+    Status,
 }
 
 /// One write request, without its body.
@@ -433,7 +457,7 @@ impl Skr {
         let existing = self.get(w.res, w.namespace, w.name);
         match (w.kind, existing) {
             (WriteKind::Create, Some(_)) => return Err(ApiError::already_exists(w.res, w.name)),
-            (WriteKind::Replace, None) => return Err(ApiError::not_found(w.res.plural(), w.name)),
+            (WriteKind::Replace | WriteKind::Status, None) => return Err(ApiError::not_found(w.res.plural(), w.name)),
             _ => {}
         }
         if let Some(want) = precondition
@@ -448,6 +472,7 @@ impl Skr {
         let created_ms = existing.map_or(w.now_ms, |e| e.created_ms);
         let content = match content {
             Content::Parsed(value) => {
+                let value = with_subresources(w.kind, w.res, existing.map(|e| &*e.content), value);
                 let since = existing.and_then(|e| condition_time(&e.content)).unwrap_or_else(|| rfc3339(created_ms));
                 Content::Parsed(with_server_defaults(w.res, w.name, value, &since))
             }
@@ -619,6 +644,68 @@ fn normalize(res: Res, namespace: &str, name: &str, body: Value) -> Result<(Valu
     Ok((Value::Object(body), precondition))
 }
 
+/// The content a write stores for a resource with a status subresource (for others, `sent`
+/// as it is): a write to `/status` changes only the status of the `stored` object, a write
+/// to the object keeps the stored status (none on a create), and an apply to an existing
+/// object merges the labels, annotations and top-level fields it sends into it.
+fn with_subresources(kind: WriteKind, res: Res, stored: Option<&Value>, mut sent: Value) -> Value {
+    if !res.has_status() {
+        return sent;
+    }
+    let mut content = match (kind, stored) {
+        (WriteKind::Status, Some(stored)) => {
+            let mut content = stored.clone();
+            set_or_remove(&mut content, "status", sent.get_mut("status").map(Value::take));
+            return content;
+        }
+        (WriteKind::Apply, Some(stored)) => {
+            let mut content = stored.clone();
+            merge_applied(&mut content, sent);
+            content
+        }
+        _ => {
+            set_or_remove(&mut sent, "status", None);
+            sent
+        }
+    };
+    set_or_remove(&mut content, "status", stored.and_then(|s| s.get("status")).cloned());
+    content
+}
+
+/// Sets `key` of an object to `value`, or removes it when `None`.
+fn set_or_remove(object: &mut Value, key: &str, value: Option<Value>) {
+    if let Value::Object(map) = object {
+        match value {
+            Some(value) => map.insert(key.to_owned(), value),
+            None => map.remove(key),
+        };
+    }
+}
+
+/// Merges an applied configuration into stored content: labels and annotations key by key,
+/// every other field (status aside) replaced as sent.
+fn merge_applied(stored: &mut Value, sent: Value) {
+    let Value::Object(sent) = sent else { return };
+    for (key, value) in sent {
+        match (key.as_str(), value) {
+            ("status", _) => {}
+            ("metadata", Value::Object(meta)) => {
+                for (field, value) in meta {
+                    match (field.as_str(), value) {
+                        ("labels" | "annotations", Value::Object(entries)) => {
+                            for (k, v) in entries {
+                                stored["metadata"][field.as_str()][k] = v;
+                            }
+                        }
+                        (_, value) => stored["metadata"][field.as_str()] = value,
+                    }
+                }
+            }
+            (_, value) => stored[key.as_str()] = value,
+        }
+    }
+}
+
 /// Adds what the apiserver and its controllers add: a namespace's name label, finalizer and
 /// phase; a CRD's accepted names and Established/NamesAccepted conditions, which turned true
 /// at `since` (kept from the stored object, so the content of a re-applied CRD stays equal).
@@ -652,7 +739,7 @@ fn with_server_defaults(res: Res, name: &str, mut content: Value, since: &str) -
                 "storedVersions": stored,
             });
         }
-        Res::ModuleTemplates | Res::ModuleReleaseMetas => {}
+        Res::ModuleTemplates | Res::ModuleReleaseMetas | Res::Kymas => {}
     }
     content
 }
@@ -708,7 +795,7 @@ mod tests {
     use super::*;
 
     fn mt(name: &str, spec: Value) -> Value {
-        json!({"apiVersion": CATALOG_API_VERSION, "kind": "ModuleTemplate", "metadata": {"name": name}, "spec": spec})
+        json!({"apiVersion": OPERATOR_API_VERSION, "kind": "ModuleTemplate", "metadata": {"name": name}, "spec": spec})
     }
 
     fn skr_with_catalog(interner: &Interner) -> Skr {
@@ -803,6 +890,51 @@ mod tests {
         let outcome = skr.write(&head, body, &interner).unwrap();
         assert!(!outcome.changed);
         assert_eq!(outcome.entry.content["status"]["acceptedNames"]["kind"], "ModuleTemplate");
+    }
+
+    #[test]
+    fn a_kyma_keeps_status_and_the_rest_apart() {
+        let interner = Interner::default();
+        let mut skr = skr_with_catalog(&interner);
+        let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                         "metadata": {"name": "kymas.operator.kyma-project.io"}, "spec": {}});
+        skr.seed(&SeedObject::new("seed", crd, 0, &interner).unwrap(), 0, &interner);
+        let head = |kind, manager| WriteHead {
+            kind,
+            res: Res::Kymas,
+            namespace: "kyma-system",
+            name: "default",
+            manager,
+            now_ms: 1,
+        };
+        let kyma = |extra: Value| {
+            let mut body = json!({"apiVersion": OPERATOR_API_VERSION, "kind": "Kyma",
+                                  "metadata": {"name": "default", "namespace": "kyma-system"}});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            body
+        };
+        let sent = kyma(json!({"spec": {"channel": "regular"}, "status": {"state": "Ready"}}));
+        let created = skr.write(&head(WriteKind::Create, "klm"), sent, &interner).unwrap();
+        assert!(created.created && created.entry.content.get("status").is_none(), "a create drops the status");
+
+        let rv = created.entry.resource_version.to_string();
+        let status = kyma(json!({"metadata": {"resourceVersion": rv}, "spec": {"channel": "fast"},
+                                 "status": {"state": "Ready"}}));
+        let updated = skr.write(&head(WriteKind::Status, "klm"), status.clone(), &interner).unwrap();
+        assert!(updated.changed && updated.entry.content["status"]["state"] == "Ready");
+        assert_eq!(updated.entry.content["spec"]["channel"], "regular", "a status write changes only the status");
+        assert_eq!(updated.entry.generation, 1);
+        let stale = skr.write(&head(WriteKind::Status, "klm"), status, &interner).err().unwrap();
+        assert_eq!(stale.code, 409);
+
+        let labels = kyma(json!({"metadata": {"labels": {"a": "b"}}}));
+        let applied = skr.write(&head(WriteKind::Apply, "sync"), labels.clone(), &interner).unwrap();
+        assert!(applied.changed);
+        assert_eq!(applied.entry.content["metadata"]["labels"]["a"], "b");
+        assert_eq!(applied.entry.content["spec"]["channel"], "regular", "an apply keeps what it does not send");
+        assert_eq!(applied.entry.content["status"]["state"], "Ready", "an apply keeps the status");
+        let again = skr.write(&head(WriteKind::Apply, "sync"), labels, &interner).unwrap();
+        assert!(!again.changed, "a repeated apply is a no-op");
     }
 
     #[test]
