@@ -290,10 +290,11 @@ async fn shadow(kyma: &Kyma, shard: u32, ctx: &Context) -> Result<Action> {
     let timer = ctx.metrics.sync.measure(shard);
     let catalog = Arc::clone(&ctx.catalog.borrow());
     let desired = catalog.desired(kyma.labels(), &ctx.settings.restricted_modules);
-    let result = match tokio::time::timeout(ctx.settings.sync_timeout, compare_skr(kyma, &desired.set, ctx)).await {
-        Ok(r) => r,
-        Err(_) => Err(SyncError::SyncTimeout(ctx.settings.sync_timeout)),
-    };
+    let result =
+        match tokio::time::timeout(ctx.settings.sync_timeout, compare_skr(kyma, &desired.set, &catalog, ctx)).await {
+            Ok(r) => r,
+            Err(_) => Err(SyncError::SyncTimeout(ctx.settings.sync_timeout)),
+        };
     drop(timer);
     match result {
         Ok(comparison) => {
@@ -329,24 +330,6 @@ async fn shadow(kyma: &Kyma, shard: u32, ctx: &Context) -> Result<Action> {
             Err(err)
         }
     }
-}
-
-async fn compare_skr(kyma: &Kyma, desired: &crate::catalog::DesiredSet, ctx: &Context) -> Result<Comparison> {
-    let name = kyma.name_any();
-    let secret = ctx.secrets.find(&name, &kyma.namespace().unwrap_or_default())?;
-    let entry = ctx.kymas.skr(&name, &secret, &ctx.connector).await?;
-    let client = entry.access.client().await?;
-    let mut state = entry.state.lock().await;
-    let target = SkrTarget {
-        client: &client,
-        namespace: &ctx.settings.sync_namespace,
-        concurrency: ctx.settings.skr_concurrency,
-        request_timeout: ctx.settings.skr_request_timeout,
-        metrics: &ctx.metrics.skr,
-        may_write: &|| false,
-        full_lists: &ctx.full_lists,
-    };
-    target.compare(desired, &mut state).await
 }
 
 /// Backoff after a failed reconcile: exponential per Kyma, with jitter, capped.
@@ -388,12 +371,45 @@ fn record_report(metrics: &Metrics, report: &SyncReport) {
     }
 }
 
+/// What one visit of an SKR did: a sync (active mode) or a comparison (shadow mode).
+/// The mode is the process's, so a reconcile of one mode always gets that mode's visit.
+enum Visit {
+    Synced(SyncReport),
+    Compared(Comparison),
+}
+
 async fn sync_skr(
     kyma: &Kyma,
     desired: &crate::catalog::DesiredSet,
     catalog: &CatalogState,
     ctx: &Context,
 ) -> Result<SyncReport> {
+    match visit_skr(kyma, desired, catalog, ctx).await? {
+        Visit::Synced(report) => Ok(report),
+        Visit::Compared(_) => Ok(SyncReport::default()),
+    }
+}
+
+async fn compare_skr(
+    kyma: &Kyma,
+    desired: &crate::catalog::DesiredSet,
+    catalog: &CatalogState,
+    ctx: &Context,
+) -> Result<Comparison> {
+    match visit_skr(kyma, desired, catalog, ctx).await? {
+        Visit::Compared(comparison) => Ok(comparison),
+        Visit::Synced(_) => Ok(Comparison::default()),
+    }
+}
+
+/// Syncs the SKR of `kyma` (active mode), or only compares it with `desired` (shadow mode,
+/// where no SKR write is ever allowed).
+async fn visit_skr(
+    kyma: &Kyma,
+    desired: &crate::catalog::DesiredSet,
+    catalog: &CatalogState,
+    ctx: &Context,
+) -> Result<Visit> {
     let name = kyma.name_any();
     let namespace = kyma.namespace().unwrap_or_default();
     let secret = ctx.secrets.find(&name, &namespace)?;
@@ -401,7 +417,8 @@ async fn sync_skr(
     // Built per sync and dropped with it: connections and TLS state last one sync.
     let client = entry.access.client().await?;
     let mut state = entry.state.lock().await;
-    let may_write = || ctx.shards.may_write(&namespace, &name);
+    let active = ctx.settings.mode == Mode::Active;
+    let may_write = || active && ctx.shards.may_write(&namespace, &name);
     let target = SkrTarget {
         client: &client,
         namespace: &ctx.settings.sync_namespace,
@@ -411,7 +428,11 @@ async fn sync_skr(
         may_write: &may_write,
         full_lists: &ctx.full_lists,
     };
-    target.sync(desired, &catalog.crds, &mut state).await
+    if active {
+        target.sync(desired, &catalog.crds, &mut state).await.map(Visit::Synced)
+    } else {
+        target.compare(desired, &mut state).await.map(Visit::Compared)
+    }
 }
 
 /// Writes the `ModuleCatalog` condition when it differs from the cached one and no other
