@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::api::{COORDINATOR_LEASE, Kyma};
-use crate::config::{ConfigError, Mode, RunArgs};
+use crate::config::{CatalogFlags, ConfigError, Mode, RunArgs};
 use crate::http::{self, HttpState};
 use crate::metrics::{EvictionReason, Metrics};
 use crate::sharding::ShardView;
@@ -114,13 +114,11 @@ pub async fn run_with(
     args: RunArgs,
     shutdown: CancellationToken,
 ) -> Result<(), AppError> {
-    let restricted_modules = args.restricted_set();
+    let restricted_modules = args.catalog.restricted_set();
     // Every flag is taken apart here, once: a new flag that nothing reads does not compile.
     let RunArgs {
         mode,
-        kcp_namespace: ns,
-        sync_namespace,
-        restricted_modules: _,
+        catalog: CatalogFlags { kcp_namespace: ns, sync_namespace, restricted_modules: _ },
         catalog_shrink_threshold,
         resync_period,
         resync_jitter,

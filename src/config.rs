@@ -79,25 +79,9 @@ pub struct ExplainArgs {
     #[arg(short, long, value_enum, default_value = "table")]
     pub output: OutputFormat,
 
-    /// Namespace in the KCP that holds the Kymas, their access Secrets and the catalog.
-    #[arg(long, env = "CATALOGSYNC_KCP_NAMESPACE", default_value = "kcp-system", help_heading = "Catalog")]
-    pub kcp_namespace: String,
-
-    /// Namespace in the SKR that holds the catalog copies.
-    #[arg(long, env = "CATALOGSYNC_SYNC_NAMESPACE", default_value = "kyma-system", help_heading = "Catalog")]
-    pub sync_namespace: String,
-
-    /// Comma-separated module names that only Kymas matching the module's
-    /// ModuleReleaseMeta `spec.kymaSelector` may see.
-    #[arg(
-        long,
-        env = "CATALOGSYNC_RESTRICTED_MODULES",
-        value_delimiter = ',',
-        default_value = "",
-        hide_default_value = true,
-        help_heading = "Catalog"
-    )]
-    pub restricted_modules: Vec<String>,
+    /// Which catalog a Kyma gets and where its copies live.
+    #[command(flatten)]
+    pub catalog: CatalogFlags,
 
     /// Where SKR apiservers may be, as for `run`: `public`, CIDRs, DNS suffixes. A kubeconfig
     /// pointing anywhere else (or at the KCP apiserver) is refused without connecting.
@@ -132,8 +116,33 @@ pub struct ExplainArgs {
     pub kcp_request_timeout: Duration,
 }
 
-impl ExplainArgs {
-    /// The restricted module names as a set, without empty entries (as [`RunArgs::restricted_set`]).
+/// The flags that decide which catalog a Kyma gets and where its copies live: one definition
+/// for `run` and `explain`, so that `explain` computes the controller's answer.
+#[derive(Debug, Clone, Args)]
+pub struct CatalogFlags {
+    /// Namespace in the KCP that holds the Kymas, their access Secrets and the catalog.
+    #[arg(long, env = "CATALOGSYNC_KCP_NAMESPACE", default_value = "kcp-system", help_heading = "Catalog")]
+    pub kcp_namespace: String,
+
+    /// Namespace in each SKR that receives the catalog copies (created if missing).
+    #[arg(long, env = "CATALOGSYNC_SYNC_NAMESPACE", default_value = "kyma-system", help_heading = "Catalog")]
+    pub sync_namespace: String,
+
+    /// Comma-separated module names that only Kymas matching the module's
+    /// ModuleReleaseMeta `spec.kymaSelector` may see.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_RESTRICTED_MODULES",
+        value_delimiter = ',',
+        default_value = "",
+        hide_default_value = true,
+        help_heading = "Catalog"
+    )]
+    pub restricted_modules: Vec<String>,
+}
+
+impl CatalogFlags {
+    /// The restricted module names as a set, without empty entries.
     pub fn restricted_set(&self) -> BTreeSet<String> {
         restricted_set(&self.restricted_modules)
     }
@@ -194,25 +203,9 @@ pub struct RunArgs {
     #[arg(long, env = "CATALOGSYNC_MODE", value_enum, default_value = "active", help_heading = "Sync")]
     pub mode: Mode,
 
-    /// Namespace in the KCP that holds the Kymas, their access Secrets and the catalog.
-    #[arg(long, env = "CATALOGSYNC_KCP_NAMESPACE", default_value = "kcp-system", help_heading = "Catalog")]
-    pub kcp_namespace: String,
-
-    /// Namespace in each SKR that receives the catalog copies (created if missing).
-    #[arg(long, env = "CATALOGSYNC_SYNC_NAMESPACE", default_value = "kyma-system", help_heading = "Catalog")]
-    pub sync_namespace: String,
-
-    /// Comma-separated module names that only Kymas matching the module's
-    /// ModuleReleaseMeta `spec.kymaSelector` may see.
-    #[arg(
-        long,
-        env = "CATALOGSYNC_RESTRICTED_MODULES",
-        value_delimiter = ',',
-        default_value = "",
-        hide_default_value = true,
-        help_heading = "Catalog"
-    )]
-    pub restricted_modules: Vec<String>,
+    /// Which catalog a Kyma gets and where its copies live.
+    #[command(flatten)]
+    pub catalog: CatalogFlags,
 
     /// Largest share of the catalog one change may take away from the SKRs without a human's
     /// confirmation: a fraction of the modules (ModuleReleaseMetas) or of the versions
@@ -356,11 +349,6 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// The restricted module names as a set, without empty entries.
-    pub fn restricted_set(&self) -> BTreeSet<String> {
-        restricted_set(&self.restricted_modules)
-    }
-
     /// Checks relations between flags that clap cannot.
     ///
     /// # Errors
@@ -609,7 +597,7 @@ mod tests {
         assert_eq!(args.kyma, "kyma-1");
         assert!(args.skr);
         assert_eq!(args.output, OutputFormat::Json);
-        assert_eq!(args.restricted_set(), BTreeSet::from(["a".to_owned(), "b".to_owned()]));
+        assert_eq!(args.catalog.restricted_set(), BTreeSet::from(["a".to_owned(), "b".to_owned()]));
         assert_eq!(args.skr_allowed_destinations.len(), 2);
         let defaults = Cli::try_parse_from(["catalogsync", "explain", "k"]).expect("defaults parse");
         let Command::Explain(args) = defaults.command else { unreachable!("explain was given") };
@@ -661,7 +649,7 @@ mod tests {
         let cli = Cli::try_parse_from(["catalogsync", "run"]).expect("defaults parse");
         let Command::Run(args) = cli.command else { unreachable!("run was given") };
         assert_eq!(args.validate(), Ok(()));
-        assert!(args.restricted_set().is_empty());
+        assert!(args.catalog.restricted_set().is_empty());
         assert_eq!(args.resync_period, Duration::from_secs(300));
         assert_eq!(args.skr_allowed_destinations, [Rule::Public]);
         assert!(!args.allow_insecure_skr_tls);

@@ -242,12 +242,12 @@ pub async fn run(args: &ExplainArgs) -> Result<Report, ExplainError> {
 /// # Errors
 /// As [`run`].
 pub async fn explain_kcp(kcp: &Client, args: &ExplainArgs) -> Result<Report, ExplainError> {
-    let namespace = &args.kcp_namespace;
+    let namespace = &args.catalog.kcp_namespace;
     let kyma = read_kyma(kcp, namespace, &args.kyma, args.kcp_request_timeout).await?;
     let mts = list_catalog(kcp, namespace, CatalogKind::ModuleTemplate, args.kcp_request_timeout).await?;
     let mrms = list_catalog(kcp, namespace, CatalogKind::ModuleReleaseMeta, args.kcp_request_timeout).await?;
-    let snapshot = Snapshot::build(&mts, &mrms, &args.sync_namespace);
-    Ok(kcp_report(&kyma, namespace, &snapshot, args.restricted_set()))
+    let snapshot = Snapshot::build(&mts, &mrms, &args.catalog.sync_namespace);
+    Ok(kcp_report(&kyma, namespace, &snapshot, args.catalog.restricted_set()))
 }
 
 /// The KCP part of the report on `kyma` (pure).
@@ -342,7 +342,7 @@ async fn list_catalog(
 
 /// The SKR part: never fails, reports its failure instead.
 async fn read_skr(kcp: &Client, args: &ExplainArgs, settings: AccessSettings, explanation: &Explanation) -> SkrReport {
-    let mut report = SkrReport::new(&args.sync_namespace, None);
+    let mut report = SkrReport::new(&args.catalog.sync_namespace, None);
     match observe_skr(kcp, args, settings, &mut report.access_secret).await {
         Ok(observed) => report.compare(&Comparison::build(&explanation.desired, &observed)),
         Err(err) => report.fail(&err),
@@ -385,7 +385,7 @@ async fn observe_skr(
     settings: AccessSettings,
     access_secret: &mut Option<String>,
 ) -> Result<BTreeMap<CatalogKind, Vec<crate::catalog::Observed>>, SyncError> {
-    let namespace = &args.kcp_namespace;
+    let namespace = &args.catalog.kcp_namespace;
     let secret = find_secret(kcp, namespace, &args.kyma, args.kcp_request_timeout).await?;
     access_secret.clone_from(&secret.metadata.name);
     let connector = SkrConnector::new(kcp.clone(), namespace.clone(), settings, args.kcp_request_timeout);
@@ -398,7 +398,7 @@ async fn observe_skr(
     let full_lists = tokio::sync::Semaphore::new(1);
     let target = SkrTarget {
         client: &client,
-        namespace: &args.sync_namespace,
+        namespace: &args.catalog.sync_namespace,
         concurrency: 1,
         request_timeout: args.skr_request_timeout,
         metrics: &metrics,
