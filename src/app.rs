@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::api::{COORDINATOR_LEASE, Kyma};
-use crate::config::{CatalogFlags, ConfigError, Mode, RunArgs};
+use crate::config::{CatalogFlags, ConfigError, Mode, RunArgs, SkrAccessArgs};
 use crate::http::{self, HttpState};
 use crate::metrics::{EvictionReason, Metrics};
 use crate::sharding::ShardView;
@@ -130,9 +130,7 @@ pub async fn run_with(
         sync_timeout,
         backoff_min,
         backoff_max,
-        skr_allowed_destinations,
-        allow_insecure_skr_tls,
-        skr_max_response_size,
+        skr_access: SkrAccessArgs { skr_allowed_destinations, allow_insecure_skr_tls, skr_max_response_size },
         shards,
         lease_namespace,
         lease_duration,

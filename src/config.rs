@@ -83,25 +83,9 @@ pub struct ExplainArgs {
     #[command(flatten)]
     pub catalog: CatalogFlags,
 
-    /// Where SKR apiservers may be, as for `run`: `public`, CIDRs, DNS suffixes. A kubeconfig
-    /// pointing anywhere else (or at the KCP apiserver) is refused without connecting.
-    #[arg(
-        long,
-        env = "CATALOGSYNC_SKR_ALLOWED_DESTINATIONS",
-        value_delimiter = ',',
-        default_value = "public",
-        help_heading = "SKR access"
-    )]
-    pub skr_allowed_destinations: Vec<Rule>,
-
-    /// Accept `insecure-skip-tls-verify: true` in SKR kubeconfigs, as for `run`. For local
-    /// development only.
-    #[arg(long, env = "CATALOGSYNC_ALLOW_INSECURE_SKR_TLS", help_heading = "SKR access")]
-    pub allow_insecure_skr_tls: bool,
-
-    /// Largest SKR answer read, in bytes (suffixes Ki, Mi, Gi), as for `run`.
-    #[arg(long, env = "CATALOGSYNC_SKR_MAX_RESPONSE_SIZE", default_value = "8Mi", value_parser = parse_size, help_heading = "SKR access")]
-    pub skr_max_response_size: usize,
+    /// Which SKR apiservers may be reached, and how much of an answer is read.
+    #[command(flatten)]
+    pub skr_access: SkrAccessArgs,
 
     /// Timeout of one request to the SKR.
     #[arg(long, env = "CATALOGSYNC_SKR_REQUEST_TIMEOUT", default_value = "3s", value_parser = parse_duration, help_heading = "SKR access")]
@@ -114,6 +98,37 @@ pub struct ExplainArgs {
     /// Timeout of one request to the KCP apiserver.
     #[arg(long, env = "CATALOGSYNC_KCP_REQUEST_TIMEOUT", default_value = "5s", value_parser = parse_duration, help_heading = "SKR access")]
     pub kcp_request_timeout: Duration,
+}
+
+/// The flags of SKR access: one definition for `run` and `explain`, so that `explain` refuses
+/// what the controller refuses.
+#[derive(Debug, Clone, Args)]
+pub struct SkrAccessArgs {
+    /// Where SKR apiservers may be, comma-separated: `public` (any public IP address), CIDRs
+    /// (`10.250.0.0/16`), DNS suffixes (`.example.com`). A kubeconfig whose server is, or
+    /// resolves to, anything else is rejected (AccessSecretInvalid). The KCP apiserver is
+    /// never allowed. A name under a listed suffix may resolve to private addresses, never
+    /// to loopback or link-local ones unless a listed CIDR covers them.
+    #[arg(
+        long,
+        env = "CATALOGSYNC_SKR_ALLOWED_DESTINATIONS",
+        value_delimiter = ',',
+        default_value = "public",
+        help_heading = "SKR access"
+    )]
+    pub skr_allowed_destinations: Vec<Rule>,
+
+    /// Accept `insecure-skip-tls-verify: true` in SKR kubeconfigs. For local development
+    /// only: the SKR's identity is then not verified. Reported by the metric
+    /// catalogsync_skr_insecure_tls_allowed.
+    #[arg(long, env = "CATALOGSYNC_ALLOW_INSECURE_SKR_TLS", help_heading = "SKR access")]
+    pub allow_insecure_skr_tls: bool,
+
+    /// Largest SKR answer read, in bytes (suffixes Ki, Mi, Gi). A larger one fails that
+    /// sync (SkrResponseTooLarge) after at most this much was read. Lists are read in pages
+    /// of 50 copies, so this bounds one page.
+    #[arg(long, env = "CATALOGSYNC_SKR_MAX_RESPONSE_SIZE", default_value = "8Mi", value_parser = parse_size, help_heading = "SKR access")]
+    pub skr_max_response_size: usize,
 }
 
 /// The flags that decide which catalog a Kyma gets and where its copies live: one definition
@@ -261,31 +276,9 @@ pub struct RunArgs {
     #[arg(long, env = "CATALOGSYNC_BACKOFF_MAX", default_value = "5m", value_parser = parse_duration, help_heading = "Sync")]
     pub backoff_max: Duration,
 
-    /// Where SKR apiservers may be, comma-separated: `public` (any public IP address), CIDRs
-    /// (`10.250.0.0/16`), DNS suffixes (`.example.com`). A kubeconfig whose server is, or
-    /// resolves to, anything else is rejected (AccessSecretInvalid). The KCP apiserver is
-    /// never allowed. A name under a listed suffix may resolve to private addresses, never
-    /// to loopback or link-local ones unless a listed CIDR covers them.
-    #[arg(
-        long,
-        env = "CATALOGSYNC_SKR_ALLOWED_DESTINATIONS",
-        value_delimiter = ',',
-        default_value = "public",
-        help_heading = "SKR access"
-    )]
-    pub skr_allowed_destinations: Vec<Rule>,
-
-    /// Accept `insecure-skip-tls-verify: true` in SKR kubeconfigs. For local development
-    /// only: the SKR's identity is then not verified. Reported by the metric
-    /// catalogsync_skr_insecure_tls_allowed.
-    #[arg(long, env = "CATALOGSYNC_ALLOW_INSECURE_SKR_TLS", help_heading = "SKR access")]
-    pub allow_insecure_skr_tls: bool,
-
-    /// Largest SKR answer read, in bytes (suffixes Ki, Mi, Gi). A larger one fails that
-    /// sync (SkrResponseTooLarge) after at most this much was read. Lists are read in pages
-    /// of 50 copies, so this bounds one page.
-    #[arg(long, env = "CATALOGSYNC_SKR_MAX_RESPONSE_SIZE", default_value = "8Mi", value_parser = parse_size, help_heading = "SKR access")]
-    pub skr_max_response_size: usize,
+    /// Which SKR apiservers may be reached, and how much of an answer is read.
+    #[command(flatten)]
+    pub skr_access: SkrAccessArgs,
 
     /// Number of shards the SKR set is split into. Every replica must use the same value.
     #[arg(long, env = "CATALOGSYNC_SHARDS", default_value = "64", value_parser = clap::value_parser!(u32).range(1..=4096), help_heading = "Sharding")]
@@ -598,7 +591,7 @@ mod tests {
         assert!(args.skr);
         assert_eq!(args.output, OutputFormat::Json);
         assert_eq!(args.catalog.restricted_set(), BTreeSet::from(["a".to_owned(), "b".to_owned()]));
-        assert_eq!(args.skr_allowed_destinations.len(), 2);
+        assert_eq!(args.skr_access.skr_allowed_destinations.len(), 2);
         let defaults = Cli::try_parse_from(["catalogsync", "explain", "k"]).expect("defaults parse");
         let Command::Explain(args) = defaults.command else { unreachable!("explain was given") };
         assert_eq!((args.output, args.skr), (OutputFormat::Table, false));
@@ -651,9 +644,9 @@ mod tests {
         assert_eq!(args.validate(), Ok(()));
         assert!(args.catalog.restricted_set().is_empty());
         assert_eq!(args.resync_period, Duration::from_secs(300));
-        assert_eq!(args.skr_allowed_destinations, [Rule::Public]);
-        assert!(!args.allow_insecure_skr_tls);
-        assert_eq!(args.skr_max_response_size, 8 << 20);
+        assert_eq!(args.skr_access.skr_allowed_destinations, [Rule::Public]);
+        assert!(!args.skr_access.allow_insecure_skr_tls);
+        assert_eq!(args.skr_access.skr_max_response_size, 8 << 20);
     }
 
     fn run_args(flags: &[&str]) -> RunArgs {

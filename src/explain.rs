@@ -227,10 +227,10 @@ pub async fn run(args: &ExplainArgs) -> Result<Report, ExplainError> {
         });
         let settings = AccessSettings::from_flags(
             format!("catalogsync/{} (explain)", env!("CARGO_PKG_VERSION")),
-            args.skr_allowed_destinations.clone(),
+            args.skr_access.skr_allowed_destinations.clone(),
             kcp_addrs,
-            if args.allow_insecure_skr_tls { InsecureTls::Allow } else { InsecureTls::Refuse },
-            args.skr_max_response_size,
+            if args.skr_access.allow_insecure_skr_tls { InsecureTls::Allow } else { InsecureTls::Refuse },
+            args.skr_access.skr_max_response_size,
         );
         report.skr = Some(read_skr(&kcp, args, settings, &report.explanation).await);
     }
