@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds (once) the kube-apiserver, etcd and kube-controller-manager binaries that
-# catalogsync's tests and local demo run, from the Go modules under hack/k8s/, into a
-# cache outside the work tree. Prints the three paths as shell exports on stdout;
-# progress goes to stderr.
+# Builds (once) the Kubernetes binaries that catalogsync's tests and local demo run, from the
+# Go modules under hack/k8s/, into a cache outside the work tree: etcd, kube-apiserver and
+# kube-controller-manager (the control planes), and kubelet, kube-proxy, kube-scheduler and
+# pause (the real test node of tests/deployment.rs, see docs/testing.md). Prints the paths as
+# shell exports on stdout; progress goes to stderr.
 #
-#   eval "$(hack/k8s-bins.sh)"                         # all three
+#   eval "$(hack/k8s-bins.sh)"                         # all of them
 #   eval "$(hack/k8s-bins.sh etcd kube-apiserver)"     # only these
 #
 # Reuses for each binary, in this order: TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD /
@@ -63,14 +64,15 @@ provide() { # env-var name version-regex module-dir ldflags
 
 # kube-controller-manager runs the Deployment, ReplicaSet, HPA and disruption controllers in
 # the tests of deploy/ (tests/deployment.rs); envtest does not ship it, so it is built even
-# when the other two come from KUBEBUILDER_ASSETS.
+# when the other two come from KUBEBUILDER_ASSETS. So are the node's binaries.
+all=(etcd kube-apiserver kube-controller-manager kubelet kube-proxy kube-scheduler pause)
 wanted=("$@")
-if ((${#wanted[@]} == 0)); then wanted=(etcd kube-apiserver kube-controller-manager); fi
+if ((${#wanted[@]} == 0)); then wanted=("${all[@]}"); fi
 for name in "${wanted[@]}"; do
-  case $name in
-  etcd | kube-apiserver | kube-controller-manager) ;;
-  *) log "error: unknown binary $name (etcd, kube-apiserver, kube-controller-manager)"; exit 2 ;;
-  esac
+  if [[ " ${all[*]} " != *" $name "* ]]; then
+    log "error: unknown binary $name (${all[*]})"
+    exit 2
+  fi
 done
 wants() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
 
@@ -85,4 +87,23 @@ fi
 if wants kube-controller-manager; then
   provide TEST_ASSET_KUBE_CONTROLLER_MANAGER kube-controller-manager "Kubernetes $KUBE_VERSION" \
     "$here/k8s/kube-controller-manager" "$kube_ldflags"
+fi
+for name in kubelet kube-proxy kube-scheduler; do
+  if wants "$name"; then
+    var="TEST_ASSET_$(tr 'a-z-' 'A-Z_' <<<"$name")"
+    provide "$var" "$name" "Kubernetes $KUBE_VERSION" "$here/k8s/$name" "$kube_ldflags"
+  fi
+done
+# The sandbox image's binary has no --version; the cache key is its source.
+if wants pause; then
+  pause_out="$bin_dir/pause-$(cat "$here/k8s/pause/main.go" "$here/k8s/pause/go.mod" | sha256sum | cut -c1-12)"
+  if [[ -n "${TEST_ASSET_PAUSE:-}" ]]; then
+    pause_out=$TEST_ASSET_PAUSE
+  elif [[ ! -x "$pause_out" ]]; then
+    mkdir -p "$bin_dir"
+    (cd "$here/k8s/pause" && GOTOOLCHAIN=local CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$pause_out.tmp" .)
+    mv "$pause_out.tmp" "$pause_out"
+    log "pause: built"
+  fi
+  printf 'export TEST_ASSET_PAUSE=%q\n' "$pause_out"
 fi

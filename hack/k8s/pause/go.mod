@@ -1,0 +1,3 @@
+module catalogsync.test/pause
+
+go 1.25.0
