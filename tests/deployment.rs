@@ -1,18 +1,27 @@
 //! `deploy/` running for real: the rendered `deploy/overlays/hpa` (ServiceAccount, RBAC,
 //! Deployment, PodDisruptionBudget, Service, HPA) is applied to the test KCP as it is, and
-//! kube-controller-manager's Deployment, ReplicaSet, HPA and disruption controllers act on it
-//! while a node agent (`testenv::kubelet`) runs the pods they create as catalogsync processes,
-//! with the pods' own environment, ServiceAccount token, probes and grace period.
+//! kube-controller-manager's Deployment, ReplicaSet, HPA and disruption controllers act on it,
+//! kube-scheduler binds the pods to a real node (`testenv::node`: containerd, runc, the
+//! kubelet and kube-proxy in a network namespace of the test's own), and the pods run the
+//! release image that `hack/image.sh` builds, with in-cluster configuration (ServiceAccount
+//! token, the `kubernetes` Service), probes, security context and grace period as in a
+//! cluster. The test changes only what a cluster operator would: the image reference
+//! (`imagePullPolicy: Never`: it is imported, not pulled) and the SKR destinations the test
+//! SKRs need (`CATALOGSYNC_SKR_ALLOWED_DESTINATIONS`).
 //!
 //! One test walks the life of an installation: the HPA scales the Deployment from its
 //! default of one replica to `minReplicas`, the replicas share the SKRs, every metric that
 //! `docs/metrics.md`, the dashboard and the alerts name is served by the running replicas,
 //! the HPA scales out and in, a rolling update replaces every pod, the PodDisruptionBudget
 //! refuses a second eviction, and through all of it every catalog change reaches every SKR and
-//! no SKR ever has two writers (audit logs).
+//! no SKR ever has two writers (audit logs). At the end the node is stopped and the host
+//! settings it changed are checked to be restored.
 #![allow(clippy::panic)] // Test helpers report failures by panicking.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
 use catalogsync::sharding::ring::shard_of;
@@ -27,8 +36,8 @@ use testenv::controllers::ControllerManager;
 use testenv::docs::{documented_metrics, exposed_metrics};
 use testenv::fleet::Fleet;
 use testenv::invariants::{InvariantOptions, check_invariants};
-use testenv::kubelet::NodeAgent;
 use testenv::kustomize::{kind_of, kustomize_build, monitoring_metrics, name_of, the};
+use testenv::node::{Node, SKR_ADDRESS};
 use testenv::scenario::{MT, Scenario, mrm, mt};
 
 /// The KCP namespace `deploy/rbac/role.yaml` grants access to (the controller's default).
@@ -44,11 +53,37 @@ const KYMAS: usize = 16;
 /// own setting), a graceful exit takes a few seconds.
 const ROLLOUT: Duration = Duration::from_secs(120);
 const PROMPT: Duration = Duration::from_secs(60);
+/// The container's HTTP port (`http-metrics`).
+const HTTP_PORT: u16 = 8080;
 
 struct Install {
     fleet: Fleet,
-    agent: NodeAgent,
+    node: Node,
     kcm: ControllerManager,
+}
+
+/// The catalogsync image's reference, as `hack/image.sh` names it.
+fn image_ref() -> String {
+    format!("catalogsync:{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// The OCI archive of `what` (`catalogsync` or `pause`): from `$CATALOGSYNC_TEST_IMAGE` /
+/// `$CATALOGSYNC_TEST_PAUSE_IMAGE` (hack/test.sh builds both first), else built here with
+/// `hack/image.sh` (a release build on the first run).
+fn image_archive(what: &str, env_var: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(env_var) {
+        return PathBuf::from(path);
+    }
+    eprintln!("{env_var} not set: building the {what} image with hack/image.sh");
+    let root = testenv::repo_root();
+    let out = Command::new(root.join("hack/image.sh"))
+        .arg(what)
+        .current_dir(&root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("run hack/image.sh");
+    assert!(out.status.success(), "hack/image.sh {what} failed");
+    PathBuf::from(String::from_utf8(out.stdout).expect("a path").trim())
 }
 
 impl Install {
@@ -60,18 +95,24 @@ impl Install {
         Api::namespaced(self.fleet.scenario.kcp.clone(), NAMESPACE)
     }
 
-    /// Waits until exactly `n` pods exist, none of them deleting, all run by the agent and
-    /// ready, and the Deployment counts them as ready; returns their names.
+    /// Waits until exactly `n` pods exist, none of them deleting, all of them Ready, and the
+    /// Deployment counts them as ready; returns their names.
     async fn await_ready_pods(&mut self, n: usize, excluding: &BTreeSet<String>) -> BTreeSet<String> {
         let kcp = self.fleet.scenario.kcp.clone();
         let what = format!("{n} ready catalogsync pods (not {excluding:?})");
         let pods = self.pods();
-        let agent = &self.agent;
         let found = testenv::wait_until(ROLLOUT, &what, || async {
             let list = pods.list(&ListParams::default()).await.ok()?.items;
             let names: BTreeSet<String> = list.iter().filter_map(|p| p.metadata.name.clone()).collect();
             let deleting = list.iter().any(|p| p.metadata.deletion_timestamp.is_some());
-            let ready: BTreeSet<String> = agent.ready_pods().into_iter().collect();
+            let ready: BTreeSet<String> = list
+                .iter()
+                .filter(|p| {
+                    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+                    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
             let deployment = Api::<Deployment>::namespaced(kcp.clone(), NAMESPACE).get("catalogsync").await.ok()?;
             let status = deployment.status.unwrap_or_default();
             let ok = names.len() == n
@@ -88,9 +129,10 @@ impl Install {
             Err(e) => {
                 let kcm = if self.kcm.is_running() { "running" } else { "exited" };
                 panic!(
-                    "{e}\nkube-controller-manager ({kcm}), last lines of its log:\n{}\nnode agent: {:#?}",
+                    "{e}\nkube-controller-manager ({kcm}), last lines of its log:\n{}\nnode:\n{}\npods seen: {:#?}",
                     self.kcm.log_tail(30),
-                    self.agent.runs()
+                    self.node.log_tails(30),
+                    self.node.pods()
                 )
             }
         }
@@ -137,32 +179,53 @@ impl Install {
         self.hpa().patch("catalogsync", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch the HPA");
     }
 
+    /// `GET path` from pod `pod`'s HTTP port, through the node's network namespace.
+    async fn http_get(&self, pod: &str, path: &str) -> anyhow::Result<(u16, String)> {
+        let ip = self.node.pod(pod).and_then(|p| p.ip).ok_or_else(|| anyhow::anyhow!("{pod} has no IP"))?;
+        self.node.http_get(SocketAddr::new(ip, HTTP_PORT), path).await
+    }
+
     async fn metric(&self, pod: &str, name: &str, labels: &[&str]) -> f64 {
-        match self.agent.http_get(pod, "/metrics").await {
+        match self.http_get(pod, "/metrics").await {
             Ok((200, body)) => testenv::fleet::metric_sum(&body, name, labels),
             _ => 0.0,
         }
     }
 
-    /// Asserts that pod `name` was deleted and its container exited successfully, by itself,
-    /// within the grace period.
-    fn assert_terminated_gracefully(&self, name: &str) {
-        let run = self.agent.run(name).unwrap_or_else(|| panic!("the agent never ran {name}"));
-        let (in_time, took) = run.terminated.unwrap_or_else(|| panic!("{name} was not terminated: {run:?}"));
-        assert!(in_time, "{name} was SIGKILLed after its grace period ({took:?})");
-        let exit = run.exit.expect("an exit status");
-        assert!(exit.success(), "{name} exited with {exit} after SIGTERM; log {}", run.log.display());
-        eprintln!("{name}: exited 0 {:.1}s after SIGTERM", took.as_secs_f64());
+    /// Waits until pod `name` is gone and asserts that the kubelet reported its container
+    /// exited 0, by itself, within the grace period after the deletion (SIGTERM).
+    async fn assert_terminated_gracefully(&self, name: &str) {
+        let seen = testenv::await_condition(PROMPT, &format!("{name} to be gone"), || async {
+            self.node.pod(name).filter(|p| p.gone)
+        })
+        .await;
+        let (code, reason, finished) =
+            seen.terminated.clone().unwrap_or_else(|| panic!("no terminated state reported for {name}: {seen:?}"));
+        let requested = seen.deletion_requested.unwrap_or_else(|| panic!("{name} was not deleted: {seen:?}"));
+        let grace = seen.grace_seconds.expect("a grace period");
+        let took = finished.duration_since(requested);
+        let log = self.node.container_log(NAMESPACE, name, "catalogsync");
+        let tail: Vec<&str> = log.lines().rev().take(10).collect();
+        assert_eq!(code, 0, "{name} exited with {code} ({reason}) after SIGTERM; last log lines: {tail:#?}");
+        assert!(took.as_secs() < grace, "{name} took {took:?} of its {grace} s grace period to exit");
+        eprintln!("{name}: exited 0 ({reason}) {:.1}s after SIGTERM", took.as_secs_f64());
     }
 }
 
-/// Installs `deploy/crds` and `deploy/overlays/hpa`, starts kube-controller-manager and the
-/// node agent, and creates the Kymas and a catalog.
+/// Installs `deploy/crds` and `deploy/overlays/hpa` (with the test's image and SKR
+/// destinations), starts kube-controller-manager and the node, and creates the Kymas and a
+/// catalog.
 async fn install() -> Install {
+    testenv::configure_env(testenv::node::env_options());
+    let images = [
+        image_archive("catalogsync", "CATALOGSYNC_TEST_IMAGE"),
+        image_archive("pause", "CATALOGSYNC_TEST_PAUSE_IMAGE"),
+    ];
     let env = testenv::env();
     let kcp = env.kcp.admin_client();
-    let scenario = Scenario::in_namespace(KCP_NAMESPACE, SYNC_NAMESPACE).await.expect("scenario");
-    let objects = kustomize_build("deploy/overlays/hpa");
+    let mut scenario = Scenario::in_namespace(KCP_NAMESPACE, SYNC_NAMESPACE).await.expect("scenario");
+    scenario.skr_address = Some(SKR_ADDRESS.into());
+    let mut objects = kustomize_build("deploy/overlays/hpa");
     let kinds: BTreeSet<&str> = objects.iter().map(kind_of).collect();
     for kind in
         ["ServiceAccount", "Role", "ClusterRole", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget"]
@@ -173,20 +236,31 @@ async fn install() -> Install {
         the(&objects, "Deployment")["spec"].get("replicas").is_none(),
         "the HPA overlay leaves the replica count to the HPA"
     );
+    for object in &mut objects {
+        if kind_of(object) == "Deployment" {
+            let container = &mut object["spec"]["template"]["spec"]["containers"][0];
+            container["image"] = json!(image_ref());
+            container["imagePullPolicy"] = json!("Never");
+            let env = container["env"].as_array_mut().expect("the container's env");
+            env.push(json!({"name": "CATALOGSYNC_SKR_ALLOWED_DESTINATIONS", "value": format!("{SKR_ADDRESS}/32")}));
+        }
+    }
     testenv::create_namespace(&kcp, NAMESPACE).await.expect("namespace");
     let names: Vec<String> = objects.iter().map(|o| format!("{} {}", kind_of(o), name_of(o))).collect();
     testenv::apply_docs(&kcp, objects).await.expect("apply deploy/overlays/hpa");
     eprintln!("applied deploy/overlays/hpa: {names:?}");
 
-    let dir = scenario.dir.path().to_path_buf();
     let fleet = Fleet::with_scenario(scenario, &[&env.skr_a, &env.skr_b], KYMAS).await.expect("kymas");
     // One Kyma whose Secret is missing: its failing syncs give the error metrics a series.
     fleet.scenario.add_kyma_without_secret("kyma-lost", &[]).await.expect("kyma without secret");
     fleet.scenario.apply_catalog(&[mt("keda", "1.0.0"), mrm("keda", &[("regular", "1.0.0")])]).await.expect("catalog");
 
     let kcm = ControllerManager::start(&env.kcp).expect("start kube-controller-manager");
-    let agent = NodeAgent::start(&env.kcp, NAMESPACE, &dir).await.expect("start the node agent");
-    Install { fleet, agent, kcm }
+    let node = match Node::start(&env.kcp, &[&env.skr_a, &env.skr_b], &images, NAMESPACE).await {
+        Ok(node) => node,
+        Err(e) => panic!("start the node: {e:#}\nkube-controller-manager:\n{}", kcm.log_tail(20)),
+    };
+    Install { fleet, node, kcm }
 }
 
 /// Every metric `docs/metrics.md` documents is served by the running replicas (the union of
@@ -197,7 +271,7 @@ async fn install() -> Install {
 async fn assert_live_metrics_match_the_docs(install: &Install, pods: &BTreeSet<String>) {
     let mut served: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for pod in pods {
-        let (code, body) = install.agent.http_get(pod, "/metrics").await.expect("scrape");
+        let (code, body) = install.http_get(pod, "/metrics").await.expect("scrape");
         assert_eq!(code, 200, "/metrics of {pod}");
         for (name, labels) in exposed_metrics(&body) {
             served.entry(name).or_default().extend(labels);
@@ -254,7 +328,7 @@ async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer(
     install.fleet.scenario.await_condition("kyma-lost", "False", "AccessSecretMissing", PROMPT).await;
     // The replicas report the pod names the downward API gave them.
     for pod in &three {
-        let (code, body) = install.agent.http_get(pod, "/debug/shards").await.expect("/debug/shards");
+        let (code, body) = install.http_get(pod, "/debug/shards").await.expect("/debug/shards");
         assert_eq!(code, 200);
         assert!(body.contains(pod.as_str()), "/debug/shards of {pod} does not name it: {body}");
     }
@@ -275,7 +349,7 @@ async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer(
     let after = install.await_ready_pods(3, &none).await;
     let removed: Vec<&String> = four.difference(&after).collect();
     assert_eq!(removed.len(), 1, "one pod removed: {after:?}");
-    install.assert_terminated_gracefully(removed[0]);
+    install.assert_terminated_gracefully(removed[0]).await;
     install.await_converged(&after).await;
     install.release("1.2.0").await;
 
@@ -290,7 +364,7 @@ async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer(
     install.release("1.3.0").await;
     let rolled = install.await_ready_pods(3, &after).await;
     for old in &after {
-        install.assert_terminated_gracefully(old);
+        install.assert_terminated_gracefully(old).await;
     }
     install.await_converged(&rolled).await;
     install.release("1.4.0").await;
@@ -314,7 +388,7 @@ async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer(
         other => panic!("a second eviction at once must be refused with 429 (PDB), got {other:?}"),
     }
     let healed = install.await_ready_pods(3, &BTreeSet::from([first.clone()])).await;
-    install.assert_terminated_gracefully(first);
+    install.assert_terminated_gracefully(first).await;
     install.await_converged(&healed).await;
     install.release("1.5.0").await;
 
@@ -326,10 +400,16 @@ async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer(
         .expect("invariants");
     eprintln!("{report}");
     report.assert_no_double_writer();
-    // And no container crashed (the agent restarts a container that exits on its own).
-    let runs = install.agent.runs();
-    let restarted: Vec<_> = runs.values().filter(|r| r.restarts > 0).map(|r| (&r.name, r.restarts, &r.log)).collect();
+    // And no container crashed or was restarted by its liveness probe.
+    let pods = install.node.pods();
+    let restarted: Vec<_> = pods.iter().filter(|(_, p)| p.restarts > 0).map(|(n, p)| (n, p.restarts)).collect();
     assert!(restarted.is_empty(), "containers restarted: {restarted:?}");
-    eprintln!("{} pods run, none restarted", runs.len());
-    install.agent.stop().await;
+    eprintln!("{} pods run, none restarted", pods.len());
+
+    // The node stops, and the host settings it changed are back.
+    let Install { node, fleet, kcm } = install;
+    drop(fleet);
+    let restored = node.shutdown().expect("the host restored");
+    drop(kcm);
+    eprintln!("node stopped; host settings restored: {restored:?}");
 }

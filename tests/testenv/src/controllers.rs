@@ -1,7 +1,9 @@
 //! kube-controller-manager as a child process, for the tests that run the Deployment and the
 //! HorizontalPodAutoscaler of `deploy/` for real: its Deployment, ReplicaSet, HPA and
 //! disruption (PodDisruptionBudget) controllers act on them exactly as in a cluster. Pods
-//! then need a node to run on: see [`super::kubelet::NodeAgent`].
+//! then need a node to run on: see [`super::node::Node`], whose not-ready taint the node
+//! lifecycle controller lifts, and whose pods' ServiceAccount token volumes need the
+//! `kube-root-ca.crt` ConfigMap that the root CA publisher writes into every namespace.
 
 use std::process::Command;
 use std::time::Duration;
@@ -17,6 +19,8 @@ pub const CONTROLLERS: &[&str] = &[
     "replicaset-controller",
     "horizontal-pod-autoscaler-controller",
     "disruption-controller",
+    "node-lifecycle-controller",
+    "root-ca-certificate-publisher-controller",
 ];
 
 /// How often the HPA controller re-evaluates each HPA. The default is 15 s; the tests change
@@ -45,6 +49,7 @@ impl ControllerManager {
             .arg(format!("--controllers={}", CONTROLLERS.join(",")))
             .arg("--leader-elect=false")
             .arg("--secure-port=0")
+            .arg(format!("--root-ca-file={}", cp.ca_path().display()))
             .arg(format!("--horizontal-pod-autoscaler-sync-period={}s", HPA_SYNC_PERIOD.as_secs()))
             .arg("--v=2");
         let log = dir.path().join("kube-controller-manager.log");

@@ -1,6 +1,7 @@
 //! One kube-apiserver ("control plane") with its own PKI, port, etcd prefix, audit log and
 //! directory, started with envtest's flag set.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
@@ -18,6 +19,26 @@ use super::process::{ManagedProcess, TestDir, free_port, k8s_binary};
 /// 2 cores; three starting at once next to a compiler need the rest.
 pub const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How a control plane differs from the default: loopback only, no ServiceAccount admission.
+/// The deployment tests run pods on a real node in a network namespace of their own; those
+/// pods reach the apiserver through the `kubernetes` Service at an address in that namespace.
+#[derive(Clone, Debug, Default)]
+pub struct ControlPlaneOptions {
+    /// `--advertise-address`, the endpoint of the `kubernetes` Service (the apiserver refuses
+    /// a loopback one for it). It need not be local: a forwarder in the node's network
+    /// namespace listens there. Default `127.0.0.1`.
+    pub advertise_address: Option<IpAddr>,
+    /// More IP SANs for the serving certificate: the addresses clients in the node's network
+    /// namespace connect to, and the `kubernetes` Service's cluster IP.
+    pub extra_sans: Vec<IpAddr>,
+    /// Turns the ServiceAccount admission plugin on, so that pods get their ServiceAccount
+    /// token volume (in-cluster configuration) as in a real cluster.
+    pub service_account_admission: bool,
+}
+
+/// The `kubernetes` Service's cluster IP: the first address of `--service-cluster-ip-range`.
+pub const KUBERNETES_SERVICE_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+
 /// A kube-apiserver process. `stop` and `restart` keep its port, certificates, etcd prefix
 /// (so its data) and directory; drop kills it.
 pub struct ControlPlane {
@@ -28,6 +49,7 @@ pub struct ControlPlane {
     bin: PathBuf,
     etcd_url: String,
     etcd_prefix: String,
+    options: ControlPlaneOptions,
     process: Mutex<Option<ManagedProcess>>,
     last_ready_after: Mutex<Duration>,
 }
@@ -49,9 +71,23 @@ impl ControlPlane {
     /// missing, files cannot be written, or it is not ready within
     /// [`APISERVER_READY_TIMEOUT`] (the message carries the tail of its log).
     pub async fn start_in(name: &str, etcd: &Etcd, parent: Option<&Path>) -> Result<Self> {
+        Self::start_with(name, etcd, parent, ControlPlaneOptions::default()).await
+    }
+
+    /// [`ControlPlane::start_in`] with `options`.
+    ///
+    /// # Errors
+    /// See [`ControlPlane::start_in`].
+    pub async fn start_with(
+        name: &str,
+        etcd: &Etcd,
+        parent: Option<&Path>,
+        options: ControlPlaneOptions,
+    ) -> Result<Self> {
         let bin = k8s_binary("TEST_ASSET_KUBE_APISERVER", "kube-apiserver")?;
         let dir = TestDir::new(name, parent)?;
-        let pki = Pki::generate(name)?;
+        let sans: Vec<String> = options.extra_sans.iter().map(ToString::to_string).collect();
+        let pki = Pki::generate_with_sans(name, &sans)?;
         let port = free_port()?;
         let etcd_prefix = format!("/{name}-{:016x}", rand::random::<u64>());
         let cp = Self {
@@ -62,6 +98,7 @@ impl ControlPlane {
             bin,
             etcd_url: etcd.url(),
             etcd_prefix,
+            options,
             process: Mutex::new(None),
             last_ready_after: Mutex::new(Duration::ZERO),
         };
@@ -107,11 +144,16 @@ impl ControlPlane {
             .arg(format!("--client-ca-file={}", p("ca.crt")))
             .arg(format!("--secure-port={}", self.port))
             .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
+            .arg(format!(
+                "--advertise-address={}",
+                self.options.advertise_address.unwrap_or(Ipv4Addr::LOCALHOST.into())
+            ))
             .arg("--service-cluster-ip-range=10.0.0.0/24")
-            .arg("--allow-privileged=true")
-            .arg("--disable-admission-plugins=ServiceAccount")
-            .arg("--authorization-mode=RBAC")
+            .arg("--allow-privileged=true");
+        if !self.options.service_account_admission {
+            cmd.arg("--disable-admission-plugins=ServiceAccount");
+        }
+        cmd.arg("--authorization-mode=RBAC")
             .arg(format!("--service-account-issuer=https://127.0.0.1:{}", self.port))
             .arg(format!("--service-account-key-file={}", p("sa.pub")))
             .arg(format!("--service-account-signing-key-file={}", p("sa.key")))
@@ -155,6 +197,11 @@ impl ControlPlane {
     /// The CA certificate (PEM) that signs the serving and client certificates.
     pub fn ca_pem(&self) -> &str {
         &self.pki.ca_pem
+    }
+
+    /// The CA certificate's file.
+    pub fn ca_path(&self) -> PathBuf {
+        self.cert_dir().join("ca.crt")
     }
 
     /// The PKI, to issue more client certificates.
@@ -228,6 +275,16 @@ impl ControlPlane {
         Ok(self.kubeconfig_yaml_for(user, &cert))
     }
 
+    /// [`ControlPlane::try_kubeconfig_yaml`] with another server URL: an address at which
+    /// this apiserver is relayed (inside a test node's network namespace).
+    ///
+    /// # Errors
+    /// Fails when the certificate cannot be issued.
+    pub fn kubeconfig_yaml_at(&self, server: &str, user: &str, groups: &[&str]) -> Result<String> {
+        let cert = self.pki.issue_client(user, groups)?;
+        Ok(render_kubeconfig(&self.name, server, &self.pki.ca_pem, user, &cert_credentials(&cert)))
+    }
+
     /// A kubeconfig that authenticates as whoever bearer `token` names (a ServiceAccount
     /// token from the TokenRequest API, as a kubelet hands one to a pod); the user entry is
     /// named `user`.
@@ -236,12 +293,7 @@ impl ControlPlane {
     }
 
     fn kubeconfig_yaml_for(&self, user: &str, cert: &CertKey) -> String {
-        let credentials = format!(
-            "    client-certificate-data: {}\n    client-key-data: {}",
-            base64(cert.cert_pem.as_bytes()),
-            base64(cert.key_pem.as_bytes())
-        );
-        self.kubeconfig_yaml_with(user, &credentials)
+        self.kubeconfig_yaml_with(user, &cert_credentials(cert))
     }
 
     fn kubeconfig_yaml_with(&self, user: &str, credentials: &str) -> String {
@@ -327,6 +379,15 @@ pub async fn client_from_kubeconfig_yaml(yaml: &str) -> Result<Client> {
         .await
         .context("failed to load a kubeconfig")?;
     Client::try_from(config).context("failed to build a client")
+}
+
+/// The user fields of a kubeconfig for a client certificate.
+fn cert_credentials(cert: &CertKey) -> String {
+    format!(
+        "    client-certificate-data: {}\n    client-key-data: {}",
+        base64(cert.cert_pem.as_bytes()),
+        base64(cert.key_pem.as_bytes())
+    )
 }
 
 /// A kubeconfig with one cluster and one context, both named `name`, and one user named

@@ -37,8 +37,8 @@ pub mod hostile;
 pub mod http;
 pub mod invariants;
 pub mod klm;
-pub mod kubelet;
 pub mod kustomize;
+pub mod node;
 pub mod pki;
 pub mod process;
 pub mod proxy;
@@ -61,7 +61,7 @@ pub use self::{
         HARNESS_FIELD_MANAGER, apply_docs, apply_yaml, apply_yaml_dir, install_crds, install_crds_yaml, parse_yaml_docs,
     },
     audit::{AuditEvent, ObjectRef, read_audit_log},
-    controlplane::{ControlPlane, client_from_kubeconfig_yaml},
+    controlplane::{ControlPlane, ControlPlaneOptions, KUBERNETES_SERVICE_IP, client_from_kubeconfig_yaml},
     etcd::Etcd,
     process::{ManagedProcess, TestDir, Watchdog, repo_root},
     runner::{Catalogsync, catalogsync_bin},
@@ -102,14 +102,22 @@ impl TestEnv {
     /// # Errors
     /// Fails when any of them does not start.
     pub async fn start() -> Result<Self> {
+        Self::start_with(EnvOptions::default()).await
+    }
+
+    /// [`TestEnv::start`] with the KCP and the SKRs started with `options`.
+    ///
+    /// # Errors
+    /// Fails when any of them does not start.
+    pub async fn start_with(options: EnvOptions) -> Result<Self> {
         let started = Instant::now();
         let base = TestDir::new("env", None)?;
         let janitor = base.remove_at_exit()?;
         let etcd = Etcd::start(Some(base.path())).await?;
         let (kcp, skr_a, skr_b) = tokio::try_join!(
-            ControlPlane::start_in("kcp", &etcd, Some(base.path())),
-            ControlPlane::start_in("skr-a", &etcd, Some(base.path())),
-            ControlPlane::start_in("skr-b", &etcd, Some(base.path())),
+            ControlPlane::start_with("kcp", &etcd, Some(base.path()), options.kcp),
+            ControlPlane::start_with("skr-a", &etcd, Some(base.path()), options.skr.clone()),
+            ControlPlane::start_with("skr-b", &etcd, Some(base.path()), options.skr),
         )?;
         let started_in = started.elapsed();
         eprintln!("test environment started in {:.1}s (dir {})", started_in.as_secs_f64(), base.path().display());
@@ -143,8 +151,33 @@ impl TestEnv {
 /// When the environment cannot start (the message says why, e.g. a missing binary). A later
 /// call tries again.
 pub fn env() -> &'static TestEnv {
-    static ENV: OnceLock<TestEnv> = OnceLock::new();
-    ENV.get_or_init(|| block_on_own_thread(TestEnv::start()).expect("start the test environment"))
+    ENV.get_or_init(|| {
+        let options = ENV_OPTIONS.get().cloned().unwrap_or_default();
+        block_on_own_thread(TestEnv::start_with(options)).expect("start the test environment")
+    })
+}
+
+static ENV: OnceLock<TestEnv> = OnceLock::new();
+static ENV_OPTIONS: OnceLock<EnvOptions> = OnceLock::new();
+
+/// How the shared environment's control planes are started; see [`configure_env`].
+#[derive(Clone, Debug, Default)]
+pub struct EnvOptions {
+    /// Options of the KCP.
+    pub kcp: ControlPlaneOptions,
+    /// Options of both SKRs.
+    pub skr: ControlPlaneOptions,
+}
+
+/// Sets the options [`env`] starts the shared environment with. For a test binary whose
+/// tests all need them (the real node's); call it before the first [`env`].
+///
+/// # Panics
+/// When the environment has started already or was configured differently before.
+pub fn configure_env(options: EnvOptions) {
+    assert!(ENV.get().is_none(), "configure_env after the test environment started");
+    let set = ENV_OPTIONS.get_or_init(|| options.clone());
+    assert_eq!(format!("{set:?}"), format!("{options:?}"), "the test environment is configured differently");
 }
 
 /// Runs `future` to completion on a new thread with a new current-thread runtime.

@@ -31,7 +31,7 @@ pub struct Pki {
     pub ca_pem: String,
     /// The CA certificate, DER (what `kube::Config::root_cert` takes).
     pub ca_der: Vec<u8>,
-    /// Serving certificate for `127.0.0.1` and `localhost`.
+    /// Serving certificate for `127.0.0.1`, `localhost` and any extra SANs asked for.
     pub serving: CertKey,
     /// Client certificate of `admin` in group `system:masters`.
     pub admin: CertKey,
@@ -47,6 +47,15 @@ impl Pki {
     /// # Errors
     /// Fails only if rcgen fails to generate a key or sign a certificate.
     pub fn generate(name: &str) -> Result<Self> {
+        Self::generate_with_sans(name, &[])
+    }
+
+    /// [`Pki::generate`] with `extra_sans` on the serving certificate besides `127.0.0.1` and
+    /// `localhost` (addresses a test node's pods reach the apiserver on).
+    ///
+    /// # Errors
+    /// Fails if rcgen fails to generate a key or sign a certificate, or a SAN is invalid.
+    pub fn generate_with_sans(name: &str, extra_sans: &[String]) -> Result<Self> {
         let ca_key = KeyPair::generate().context("failed to generate the CA key")?;
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
@@ -68,7 +77,9 @@ impl Pki {
             sa_private_pem: sa.serialize_pem(),
             sa_public_pem: sa.public_key_pem(),
         };
-        pki.serving = pki.issue_serving(&["127.0.0.1", "localhost"])?;
+        let mut sans = vec!["127.0.0.1", "localhost"];
+        sans.extend(extra_sans.iter().map(String::as_str));
+        pki.serving = pki.issue_serving(&sans)?;
         pki.admin = pki.issue_client("admin", &["system:masters"])?;
         Ok(pki)
     }

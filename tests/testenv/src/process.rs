@@ -140,6 +140,26 @@ impl Watchdog {
         Ok(Self { child, disarmed: false })
     }
 
+    /// Spawns a watchdog that runs `script` with `/bin/sh` once this process has exited or
+    /// the watchdog is dropped (for cleanups beyond killing one process group).
+    ///
+    /// # Errors
+    /// Fails when `/bin/sh` cannot be spawned.
+    pub fn run_at_exit(script: &Path) -> Result<Self> {
+        let child = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(r#"read -r _ignored; exec /bin/sh "$1""#)
+            .arg("catalogsync-watchdog")
+            .arg(script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("failed to spawn a watchdog (/bin/sh)")?;
+        Ok(Self { child, disarmed: false })
+    }
+
     /// Stops the watchdog without it doing anything, and reaps it.
     /// Idempotent. While armed the script sits in the `read` builtin, so it has no children.
     pub fn disarm(&mut self) {

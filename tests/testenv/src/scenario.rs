@@ -89,6 +89,9 @@ pub struct Scenario {
     pub catalogsync: Option<Catalogsync>,
     /// Port of the controller's HTTP server.
     pub http_port: u16,
+    /// Where the access Secrets point the controller at the SKRs, when not at their
+    /// loopback URLs: an address at which a test node relays them to its pods.
+    pub skr_address: Option<std::net::IpAddr>,
 }
 
 impl Scenario {
@@ -113,7 +116,15 @@ impl Scenario {
         }
         apply_docs(&kcp, docs).await.context("failed to apply deploy/rbac")?;
         let dir = TestDir::new(&ns, Some(env.dir()))?;
-        Ok(Self { sync_ns: format!("{ns}-sync"), ns, kcp, dir, catalogsync: None, http_port: free_port()? })
+        Ok(Self {
+            sync_ns: format!("{ns}-sync"),
+            ns,
+            kcp,
+            dir,
+            catalogsync: None,
+            http_port: free_port()?,
+            skr_address: None,
+        })
     }
 
     /// A scenario in KCP namespace `ns` (created if missing) syncing into `sync_ns`, with no
@@ -132,6 +143,7 @@ impl Scenario {
             dir,
             catalogsync: None,
             http_port: free_port()?,
+            skr_address: None,
         })
     }
 
@@ -158,7 +170,14 @@ impl Scenario {
 
     /// A kubeconfig for `skr` under the identity of `kyma`'s writer (admin in the SKR).
     pub fn skr_kubeconfig(&self, kyma: &str, skr: &ControlPlane) -> String {
-        skr.kubeconfig_yaml(&self.skr_user(kyma), &["system:masters"])
+        let user = self.skr_user(kyma);
+        match self.skr_address {
+            None => skr.kubeconfig_yaml(&user, &["system:masters"]),
+            Some(address) => {
+                let server = format!("https://{}", std::net::SocketAddr::new(address, skr.port()));
+                skr.kubeconfig_yaml_at(&server, &user, &["system:masters"]).expect("issue a client certificate")
+            }
+        }
     }
 
     /// Creates Kyma `name` with `labels` and its access Secret reaching `skr`.
