@@ -308,6 +308,23 @@ async fn assert_live_metrics_match_the_docs(install: &Install, pods: &BTreeSet<S
     eprintln!("live /metrics of {} replicas: all {} documented metrics served", pods.len(), documented.len());
 }
 
+/// The kernel's view of the catalogsync processes on the node: the Deployment's security
+/// context is in force (uid 65532, no capabilities, no privilege escalation, a seccomp
+/// filter, a read-only root file system).
+fn assert_pods_run_confined(install: &Install, n: usize) {
+    let processes: Vec<_> =
+        install.node.container_processes().into_iter().filter(|p| p.comm == "catalogsync").collect();
+    assert_eq!(processes.len(), n, "catalogsync processes on the node: {processes:#?}");
+    for p in &processes {
+        assert_eq!(p.uids, "65532 65532 65532 65532", "uids of {p:?}");
+        assert_eq!(p.cap_eff, "0000000000000000", "capabilities of {p:?}");
+        assert_eq!(p.no_new_privs, "1", "no_new_privs of {p:?}");
+        assert_eq!(p.seccomp, "2", "seccomp mode of {p:?}");
+        assert!(p.root_read_only, "root file system of {p:?} is writable");
+    }
+    eprintln!("{n} catalogsync processes: uid 65532, no capabilities, no_new_privs, seccomp filter, read-only root");
+}
+
 #[tokio::test]
 async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer() {
     let mut install = install().await;
@@ -333,6 +350,7 @@ async fn deploy_runs_scales_with_its_hpa_and_hands_over_without_a_second_writer(
         assert!(body.contains(pod.as_str()), "/debug/shards of {pod} does not name it: {body}");
     }
     assert_live_metrics_match_the_docs(&install, &three).await;
+    assert_pods_run_confined(&install, 3);
 
     // Scale out through the HPA.
     install.set_hpa_bounds(4, 10).await;

@@ -109,6 +109,25 @@ pub struct PodRecord {
     pub gone: bool,
 }
 
+/// How the kernel sees one process running in a pod of the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerProcess {
+    /// Its PID on the host.
+    pub pid: u32,
+    /// Its command name (`/proc/<pid>/comm`).
+    pub comm: String,
+    /// Real, effective, saved and filesystem user IDs (`Uid:` of `/proc/<pid>/status`).
+    pub uids: String,
+    /// Its effective capabilities (`CapEff:`, hex).
+    pub cap_eff: String,
+    /// `NoNewPrivs:` (1: no privilege escalation).
+    pub no_new_privs: String,
+    /// `Seccomp:` (2: a filter is loaded).
+    pub seccomp: String,
+    /// Whether its root file system is mounted read-only.
+    pub root_read_only: bool,
+}
+
 /// A real node; see the module docs. Stops everything and restores the host on drop.
 pub struct Node {
     dir: TestDir,
@@ -287,6 +306,15 @@ impl Node {
             }
         }
         text
+    }
+
+    /// The processes that run in the node's pods now (found through the pod cgroups).
+    pub fn container_processes(&self) -> Vec<ContainerProcess> {
+        let mut pids = std::collections::BTreeSet::new();
+        for dir in cgroup_dirs(&self.cgroup) {
+            collect_cgroup_pids(&dir, &mut pids);
+        }
+        pids.into_iter().filter_map(container_process).collect()
     }
 
     /// The last `lines` lines of each daemon's log, for failure messages.
@@ -522,6 +550,39 @@ fn record(records: &mut BTreeMap<String, PodRecord>, pod: &Pod) {
         entry.deletion_requested = at.0.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(grace)).ok();
         entry.grace_seconds = Some(grace);
     }
+}
+
+fn collect_cgroup_pids(dir: &Path, pids: &mut std::collections::BTreeSet<u32>) {
+    if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+    }
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            collect_cgroup_pids(&entry.path(), pids);
+        }
+    }
+}
+
+fn container_process(pid: u32) -> Option<ContainerProcess> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+    };
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
+    // Fields: ID, parent, major:minor, root, mount point, options, ...
+    let root_read_only = mountinfo
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some("/"))
+        .is_some_and(|l| l.split(' ').nth(5).is_some_and(|options| options.split(',').any(|o| o == "ro")));
+    Some(ContainerProcess {
+        pid,
+        comm: std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim().to_owned(),
+        uids: field("Uid:")?,
+        cap_eff: field("CapEff:")?,
+        no_new_privs: field("NoNewPrivs:")?,
+        seccomp: field("Seccomp:")?,
+        root_read_only,
+    })
 }
 
 /// Binds `addr` inside the network namespace `netns`.
