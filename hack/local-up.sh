@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Starts a local KCP and two SKRs (real kube-apiservers on one etcd), installs the CRDs,
-# RBAC and the sample catalog (hack/sample/catalog.yaml), creates two Kymas with access
-# Secrets, and runs catalogsync against them. Ctrl-C stops everything.
+# Starts a local KCP and SKRs (real kube-apiservers on one etcd), installs the CRDs, RBAC and
+# the sample catalog (hack/sample/catalog.yaml), creates one Kyma with its access Secret per
+# SKR, and runs catalogsync replicas against them, sharing the SKRs through their Leases.
+# Once every shard is held and every Kyma synced, it prints who holds which shard. Ctrl-C
+# stops everything.
 #
-#   hack/local-up.sh [--dir DIR] [--no-controller]
+#   hack/local-up.sh [--replicas N] [--skrs M] [--dir DIR] [--no-controller]
+#   hack/local-up.sh --help
 #
-# Files (kubeconfigs, logs, audit logs) go to ~/.cache/catalogsync/local-up by default;
-# the directory is wiped at start and kept after exit.
+# Defaults: one replica, two SKRs. Files (kubeconfigs, logs, audit logs) go to
+# ~/.cache/catalogsync/local-up by default; the directory is wiped at start and kept after exit.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

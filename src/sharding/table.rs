@@ -10,7 +10,7 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 use crate::api::{COORDINATOR_LEASE, Kyma, LEASE_TYPE_LABEL};
-use crate::sharding::lease::{self, is_member, is_shard, live_members, shard_number};
+use crate::sharding::lease::{self, is_member, is_shard, live_members, member_left, shard_number};
 use crate::sharding::ring::shard_of;
 
 /// One shard in the table.
@@ -35,8 +35,42 @@ pub struct Table {
     pub coordinator: String,
     /// Live members.
     pub members: Vec<String>,
+    /// The shard count recorded in the config Lease; without one (older deployments), one more
+    /// than the highest shard Lease number.
+    pub shards: u32,
     /// Shards.
     pub rows: Vec<Row>,
+}
+
+/// What one holder has, from the rows of a [`Table`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holding {
+    /// The shards it holds, in order.
+    pub shards: Vec<u32>,
+    /// SKRs (Kymas) in those shards.
+    pub skrs: usize,
+}
+
+impl Table {
+    /// Shards and SKRs per holder, by identity; the key `""` collects the unheld shards.
+    pub fn holdings(&self) -> BTreeMap<&str, Holding> {
+        let mut out: BTreeMap<&str, Holding> = BTreeMap::new();
+        for r in &self.rows {
+            let h = out.entry(r.holder.as_str()).or_default();
+            h.shards.push(r.shard);
+            h.skrs += r.skrs;
+        }
+        out
+    }
+
+    /// The row of the shard that Kyma `namespace/name` maps to, if that shard has a Lease.
+    pub fn row_of(&self, namespace: &str, name: &str) -> Option<&Row> {
+        if self.shards == 0 {
+            return None;
+        }
+        let shard = shard_of(namespace, name, self.shards);
+        self.rows.iter().find(|r| r.shard == shard)
+    }
 }
 
 /// Reads the Leases in `lease_namespace` and the Kymas in `kcp_namespace`.
@@ -55,7 +89,9 @@ pub async fn read(client: &Client, lease_namespace: &str, kcp_namespace: &str) -
 
 /// Builds the table (pure).
 pub fn build(leases: &[Lease], kymas: &[PartialObjectMeta<Kyma>], coordinator: String, now: Timestamp) -> Table {
-    let members = live_members(leases.iter().filter(|l| is_member(l)), now);
+    // A member that marked its Lease as left is gone, as the coordinator sees it, though the
+    // Lease has not expired yet.
+    let members = live_members(leases.iter().filter(|l| is_member(l) && !member_left(l)), now);
     let mut shard_leases: BTreeMap<u32, &Lease> =
         leases.iter().filter(|l| is_shard(l)).filter_map(|l| Some((shard_number(l)?, l))).collect();
     // The recorded shard count; without one (older deployments), the highest Lease number.
@@ -92,7 +128,7 @@ pub fn build(leases: &[Lease], kymas: &[PartialObjectMeta<Kyma>], coordinator: S
             }
         })
         .collect();
-    Table { coordinator, members, rows }
+    Table { coordinator, members, shards, rows }
 }
 
 /// Renders the table like `kubectl get`.
@@ -107,21 +143,16 @@ pub fn render(table: &Table) -> String {
         let desired = if r.desired.is_empty() { "<none>" } else { &r.desired };
         let _ = writeln!(out, "{:<6} {:<hw$} {:<dw$} {:>5} {}", r.shard, holder, desired, r.skrs, r.state);
     }
-    let mut per_member: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for r in &table.rows {
-        let e = per_member.entry(r.holder.as_str()).or_default();
-        e.0 += 1;
-        e.1 += r.skrs;
-    }
+    let holdings = table.holdings();
     let _ = writeln!(out);
     let coordinator = if table.coordinator.is_empty() { "<none>" } else { &table.coordinator };
     let _ = writeln!(out, "coordinator: {coordinator}");
     for m in &table.members {
-        let (shards, skrs) = per_member.get(m.as_str()).copied().unwrap_or_default();
+        let (shards, skrs) = holdings.get(m.as_str()).map_or((0, 0), |h| (h.shards.len(), h.skrs));
         let _ = writeln!(out, "member {m}: {shards} shards, {skrs} SKRs");
     }
-    if let Some((shards, skrs)) = per_member.get("") {
-        let _ = writeln!(out, "unowned: {shards} shards, {skrs} SKRs");
+    if let Some(h) = holdings.get("") {
+        let _ = writeln!(out, "unowned: {} shards, {} SKRs", h.shards.len(), h.skrs);
     }
     out
 }
@@ -149,10 +180,46 @@ mod tests {
     }
 
     #[test]
+    fn a_member_that_left_is_not_live_though_its_lease_has_not_expired() {
+        use crate::api::{MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION};
+        let now = Timestamp::from_second(10_000).expect("valid");
+        let mut left = new_member("b", "ns", 15, now);
+        left.annotations_mut().insert(MEMBER_NONCE_ANNOTATION.to_owned(), "n1".to_owned());
+        left.annotations_mut().insert(MEMBER_LEFT_ANNOTATION.to_owned(), "n1".to_owned());
+        let leases = vec![new_member("a", "ns", 15, now), left, with_holder(&new_shard(0, "ns"), "b", now)];
+        let table = build(&leases, &[], "a".into(), now);
+        assert_eq!(table.members, ["a"]);
+        assert_eq!(table.rows[0].state, "held-by-dead");
+    }
+
+    #[test]
     fn the_recorded_shard_count_wins_over_leftover_leases() {
         let now = Timestamp::from_second(10_000).expect("valid");
         let leases = vec![new_config(2, "ns"), new_shard(0, "ns"), new_shard(1, "ns"), new_shard(5, "ns")];
         let table = build(&leases, &[], String::new(), now);
         assert_eq!(table.rows.iter().map(|r| r.shard).collect::<Vec<_>>(), [0, 1], "shard 5 is left over");
+        assert_eq!(table.shards, 2);
+    }
+
+    #[test]
+    fn holdings_group_the_shards_by_holder_and_row_of_finds_a_kymas_shard() {
+        let now = Timestamp::from_second(10_000).expect("valid");
+        let held = |n, holder| with_holder(&new_shard(n, "ns"), holder, now);
+        let leases = vec![
+            new_config(4, "ns"),
+            held(0, "a"),
+            held(1, "b"),
+            held(2, "a"),
+            new_shard(3, "ns"),
+            new_member("a", "ns", 15, now),
+        ];
+        let table = build(&leases, &[], "a".into(), now);
+        let holdings = table.holdings();
+        assert_eq!(holdings["a"].shards, [0, 2]);
+        assert_eq!(holdings["b"].shards, [1]);
+        assert_eq!(holdings[""].shards, [3], "the unheld shards");
+        let row = table.row_of("kcp-system", "kyma-one").expect("every shard has a Lease");
+        assert_eq!(row.shard, shard_of("kcp-system", "kyma-one", 4));
+        assert!(build(&[], &[], String::new(), now).row_of("kcp-system", "kyma-one").is_none(), "no shards yet");
     }
 }

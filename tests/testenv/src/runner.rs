@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 use super::process::{ManagedProcess, TestDir};
 
@@ -58,7 +58,32 @@ impl Catalogsync {
         kubeconfig: &Path,
         parent: Option<&Path>,
     ) -> Result<Self> {
-        let dir = TestDir::new("catalogsync", parent)?;
+        Self::spawn_with_dir(bin, args, envs, kubeconfig, TestDir::new("catalogsync", parent)?)
+    }
+
+    /// [`Catalogsync::spawn_bin`] with its files in `dir` (created if needed, never
+    /// deleted), for a replica whose log should be found by name.
+    ///
+    /// # Errors
+    /// Fails when the directory or process cannot be created.
+    pub fn spawn_in_dir(
+        bin: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        kubeconfig: &Path,
+        dir: &Path,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
+        Self::spawn_with_dir(bin, args, envs, kubeconfig, TestDir::persistent(dir.to_path_buf()))
+    }
+
+    fn spawn_with_dir(
+        bin: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        kubeconfig: &Path,
+        dir: TestDir,
+    ) -> Result<Self> {
         let mut cmd = Command::new(bin);
         cmd.args(args).env("KUBECONFIG", kubeconfig).env("RUST_LOG", "info,catalogsync=debug");
         for (key, value) in envs {
@@ -96,6 +121,14 @@ impl Catalogsync {
     /// Its exit status, if it has exited.
     pub fn exit_status(&mut self) -> Option<ExitStatus> {
         self.process.exit_status()
+    }
+
+    /// Sends `signal` (a name such as `TERM`) without waiting; see [`ManagedProcess::signal`].
+    ///
+    /// # Errors
+    /// Fails when `kill` cannot be run or reports an error.
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        self.process.signal(signal)
     }
 
     /// Sends SIGTERM and waits up to `timeout` for a graceful exit. Returns the exit status.
