@@ -3,11 +3,13 @@
 #
 #   hack/test.sh
 #
-# Steps: toolchains, libfaketime (installed with apt-get when missing and run as root),
-# kube-apiserver, etcd and kube-controller-manager binaries
-# (hack/k8s-bins.sh: built from source on the first run, 15-30 minutes on 2 cores, cached in
-# ~/.cache/catalogsync afterwards),
-# kustomize (hack/kustomize.sh, same cache),
+# Steps: toolchains, Debian packages (installed with apt-get when missing and run as root:
+# libfaketime, and containerd, runc, the CNI plugins and iptables of the test node),
+# the Kubernetes binaries (etcd, kube-apiserver, kube-controller-manager, and the test node's
+# kubelet, kube-proxy, kube-scheduler and pause; hack/k8s-bins.sh: built from source on the
+# first run, 15-30 minutes on 2 cores, cached in ~/.cache/catalogsync afterwards),
+# kustomize (hack/kustomize.sh, same cache), the release image and the pause image
+# (hack/image.sh; tests/deployment.rs runs them on the test node),
 # rustfmt, clippy, all unit and integration tests (the integration tests start their own
 # apiservers), rustdoc, and the fleet harness's smoke scenario. Every step runs even when an earlier one failed, so one run reports
 # everything; the exit status is non-zero when any step failed.
@@ -77,32 +79,55 @@ cargo fmt --version >/dev/null 2>&1 || abort "rustfmt missing: rustup component 
 cargo clippy --version >/dev/null 2>&1 || abort "clippy missing: rustup component add clippy"
 printf '%s\n%s\n%s\n' "$(cargo --version)" "$(rustc --version)" "$(go version)"
 
-header "libfaketime (tests/sharding_faults.rs runs a replica whose wall clock is offset)"
-faketime_installed() {
-  compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || [[ -f /usr/lib/faketime/libfaketime.so.1 ]]
-}
-if ! faketime_installed; then
-  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
-    echo "installing libfaketime with apt-get"
-    { apt-get install -y -q libfaketime || { apt-get update -q && apt-get install -y -q libfaketime; }; } >/dev/null ||
-      abort "apt-get could not install libfaketime"
-  else
-    abort "libfaketime missing: install the Debian/Ubuntu package libfaketime (as root: apt-get install libfaketime)"
+# Installs the Debian packages named when any is missing (as root, with apt-get).
+apt_install() { # reason package...
+  local reason=$1 missing=()
+  shift
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]} == 0)); then
+    echo "$reason: installed ($*)"
+    return
   fi
-fi
-faketime_installed || abort "libfaketime is still missing after installing it"
-echo "libfaketime: installed"
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+    echo "$reason: installing ${missing[*]} with apt-get"
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; }; } >/dev/null ||
+      abort "apt-get could not install ${missing[*]}"
+  else
+    abort "$reason needs the Debian/Ubuntu packages ${missing[*]} (as root: apt-get install ${missing[*]})"
+  fi
+}
 
-header "kube-apiserver, etcd and kube-controller-manager (hack/k8s-bins.sh; first run builds them, 15-30 min on 2 cores)"
-bins="$(hack/k8s-bins.sh)" || abort "hack/k8s-bins.sh failed to provide kube-apiserver, etcd and kube-controller-manager"
+header "Debian packages"
+# tests/sharding_faults.rs runs a replica whose wall clock is offset.
+apt_install "libfaketime" libfaketime
+# tests/deployment.rs runs the pods of deploy/ on a real node (testenv::node).
+apt_install "the test node" containerd runc containernetworking-plugins iptables
+
+header "Kubernetes binaries (hack/k8s-bins.sh; first run builds them, 15-30 min on 2 cores)"
+bins="$(hack/k8s-bins.sh)" || abort "hack/k8s-bins.sh failed to provide the Kubernetes binaries"
 eval "$bins"
-printf 'TEST_ASSET_KUBE_APISERVER=%s\nTEST_ASSET_ETCD=%s\nTEST_ASSET_KUBE_CONTROLLER_MANAGER=%s\n' \
-  "$TEST_ASSET_KUBE_APISERVER" "$TEST_ASSET_ETCD" "$TEST_ASSET_KUBE_CONTROLLER_MANAGER"
+printf '%s\n' "$bins" | sed -e 's/^export //'
 
 header "kustomize (hack/kustomize.sh; first run builds it, about a minute)"
 kustomize="$(hack/kustomize.sh)" || abort "hack/kustomize.sh failed to provide kustomize (tests/deploy.rs renders deploy/ with it)"
 eval "$kustomize"
 printf 'KUSTOMIZE=%s\n' "$KUSTOMIZE"
+
+# The release image and the pause image, as OCI archives for the test node's containerd. The
+# static release build has a target directory of its own in the cache, so that it is warm
+# across clones (cold: about 5-10 minutes on 2 cores).
+images() {
+  local target="${CATALOGSYNC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/catalogsync}/image-target"
+  CATALOGSYNC_TEST_IMAGE="$(CARGO_TARGET_DIR="$target" hack/image.sh catalogsync)" &&
+    CATALOGSYNC_TEST_PAUSE_IMAGE="$(CARGO_TARGET_DIR="$target" hack/image.sh pause)" &&
+    export CATALOGSYNC_TEST_IMAGE CATALOGSYNC_TEST_PAUSE_IMAGE &&
+    printf 'CATALOGSYNC_TEST_IMAGE=%s\nCATALOGSYNC_TEST_PAUSE_IMAGE=%s\n' "$CATALOGSYNC_TEST_IMAGE" "$CATALOGSYNC_TEST_PAUSE_IMAGE"
+}
+step "images (hack/image.sh)" images
 
 step "cargo fmt" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --locked --workspace --all-targets -- -D warnings
