@@ -54,17 +54,21 @@ pub fn the<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
 }
 
 /// The metric names the Grafana dashboard and the PrometheusRule of `deploy/monitoring` use,
-/// by source.
+/// by source: in the PrometheusRule, its expressions and the queries of its annotations'
+/// templates.
 pub fn monitoring_metrics() -> Vec<(&'static str, BTreeSet<String>)> {
     let dashboard = read("deploy/monitoring/dashboard.json");
     serde_json::from_str::<Value>(&dashboard).expect("dashboard.json is JSON");
     let rules = the(&kustomize_build("deploy/monitoring"), "PrometheusRule").clone();
-    let exprs: Vec<String> = rules["spec"]["groups"]
+    let texts: Vec<String> = rules["spec"]["groups"]
         .as_array()
         .expect("rule groups")
         .iter()
         .flat_map(|g| g["rules"].as_array().expect("rules").iter())
-        .map(|r| r["expr"].as_str().expect("expr").to_owned())
+        .flat_map(|r| {
+            let annotations = r["annotations"].as_object().into_iter().flat_map(|a| a.values());
+            std::iter::once(&r["expr"]).chain(annotations).filter_map(Value::as_str).map(str::to_owned)
+        })
         .collect();
-    vec![("dashboard.json", metric_names(&dashboard)), ("PrometheusRule", metric_names(&exprs.join("\n")))]
+    vec![("dashboard.json", metric_names(&dashboard)), ("PrometheusRule", metric_names(&texts.join("\n")))]
 }
