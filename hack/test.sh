@@ -3,11 +3,12 @@
 #
 #   hack/test.sh
 #
-# Steps: toolchains, libfaketime (installed with apt-get when missing and run as root),
-# kube-apiserver, etcd and kube-controller-manager binaries
+# Steps: toolchains, libfaketime and prometheus/promtool (installed with apt-get when missing
+# and run as root), kube-apiserver, etcd and kube-controller-manager binaries
 # (hack/k8s-bins.sh: built from source on the first run, 15-30 minutes on 2 cores, cached in
 # ~/.cache/catalogsync afterwards),
-# kustomize (hack/kustomize.sh, same cache),
+# kustomize and the Grafana dashboard checker (hack/kustomize.sh, hack/dashboard-check.sh,
+# same cache),
 # rustfmt, clippy, all unit and integration tests (the integration tests start their own
 # apiservers), rustdoc, and the fleet harness's smoke scenario. Every step runs even when an earlier one failed, so one run reports
 # everything; the exit status is non-zero when any step failed.
@@ -93,6 +94,25 @@ fi
 faketime_installed || abort "libfaketime is still missing after installing it"
 echo "libfaketime: installed"
 
+header "prometheus and promtool (tests/monitoring.rs: promtool checks the alerts and the dashboard's queries, a real Prometheus scrapes a replica)"
+# --no-install-recommends: not prometheus-node-exporter. Where systemd runs, the package starts
+# its own Prometheus service on port 9090; the tests use ports of their own.
+prometheus_installed() {
+  command -v promtool >/dev/null && command -v prometheus >/dev/null
+}
+if ! prometheus_installed; then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+    echo "installing prometheus with apt-get"
+    { apt-get install -y -q --no-install-recommends prometheus ||
+      { apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }; } >/dev/null ||
+      abort "apt-get could not install prometheus"
+  else
+    abort "promtool and prometheus missing: install the Debian/Ubuntu package prometheus (as root: apt-get install prometheus)"
+  fi
+fi
+prometheus_installed || abort "promtool or prometheus is still missing after installing the package prometheus"
+promtool --version 2>&1 | sed -n 1p
+
 header "kube-apiserver, etcd and kube-controller-manager (hack/k8s-bins.sh; first run builds them, 15-30 min on 2 cores)"
 bins="$(hack/k8s-bins.sh)" || abort "hack/k8s-bins.sh failed to provide kube-apiserver, etcd and kube-controller-manager"
 eval "$bins"
@@ -103,6 +123,12 @@ header "kustomize (hack/kustomize.sh; first run builds it, about a minute)"
 kustomize="$(hack/kustomize.sh)" || abort "hack/kustomize.sh failed to provide kustomize (tests/deploy.rs renders deploy/ with it)"
 eval "$kustomize"
 printf 'KUSTOMIZE=%s\n' "$KUSTOMIZE"
+
+header "Grafana dashboard checker (hack/dashboard-check.sh; first run builds it, about a minute)"
+dashboard_check="$(hack/dashboard-check.sh)" ||
+  abort "hack/dashboard-check.sh failed to build the dashboard checker (tests/monitoring.rs runs it)"
+eval "$dashboard_check"
+printf 'DASHBOARD_CHECK=%s\n' "$DASHBOARD_CHECK"
 
 step "cargo fmt" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --locked --workspace --all-targets -- -D warnings
