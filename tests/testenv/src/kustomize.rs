@@ -13,6 +13,18 @@ use super::docs::{metric_names, read, repo_path};
 /// # Panics
 /// When `KUSTOMIZE` is not set, the build fails or renders nothing.
 pub fn kustomize_build(dir: &str) -> Vec<Value> {
+    let yaml = kustomize_build_text(dir);
+    let docs =
+        parse_yaml_docs(&yaml).unwrap_or_else(|e| panic!("output of kustomize build {dir} does not parse: {e:#}"));
+    assert!(!docs.is_empty(), "kustomize build {dir} rendered nothing");
+    docs
+}
+
+/// `$KUSTOMIZE build <dir>` as it prints it.
+///
+/// # Panics
+/// When `KUSTOMIZE` is not set or the build fails.
+pub fn kustomize_build_text(dir: &str) -> String {
     let Some(kustomize) = std::env::var_os("KUSTOMIZE") else {
         panic!("KUSTOMIZE is not set: run `eval \"$(hack/kustomize.sh)\"` first (hack/test.sh does)");
     };
@@ -26,11 +38,7 @@ pub fn kustomize_build(dir: &str) -> Vec<Value> {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let yaml = String::from_utf8(out.stdout).expect("kustomize prints UTF-8");
-    let docs =
-        parse_yaml_docs(&yaml).unwrap_or_else(|e| panic!("output of kustomize build {dir} does not parse: {e:#}"));
-    assert!(!docs.is_empty(), "kustomize build {dir} rendered nothing");
-    docs
+    String::from_utf8(out.stdout).expect("kustomize prints UTF-8")
 }
 
 /// The `kind` of an object.
