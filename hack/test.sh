@@ -4,11 +4,13 @@
 #   hack/test.sh
 #
 # Steps: toolchains, Debian packages (installed with apt-get when missing and run as root:
-# libfaketime, and containerd, runc, the CNI plugins and iptables of the test node),
+# libfaketime, prometheus (promtool and the server), and containerd, runc, the CNI plugins
+# and iptables of the test node),
 # the Kubernetes binaries (etcd, kube-apiserver, kube-controller-manager, and the test node's
 # kubelet, kube-proxy, kube-scheduler and pause; hack/k8s-bins.sh: built from source on the
 # first run, 15-30 minutes on 2 cores, cached in ~/.cache/catalogsync afterwards),
-# kustomize (hack/kustomize.sh, same cache), the release image and the pause image
+# kustomize and the Grafana dashboard checker (hack/kustomize.sh, hack/dashboard-check.sh,
+# same cache), the release image and the pause image
 # (hack/image.sh; tests/deployment.rs runs them on the test node),
 # rustfmt, clippy, all unit and integration tests (the integration tests start their own
 # apiservers), rustdoc, and the fleet harness's smoke scenario. Every step runs even when an earlier one failed, so one run reports
@@ -106,6 +108,12 @@ header "Debian packages"
 apt_install "libfaketime" libfaketime
 # tests/deployment.rs runs the pods of deploy/ on a real node (testenv::node).
 apt_install "the test node" containerd runc containernetworking-plugins iptables
+# tests/monitoring.rs: promtool checks the alerts and the dashboard's queries, a real
+# Prometheus scrapes the replicas. --no-install-recommends: not prometheus-node-exporter.
+# Where systemd runs, the package starts its own Prometheus service on port 9090; the tests
+# use ports of their own.
+apt_install "prometheus and promtool" prometheus
+promtool --version 2>&1 | sed -n 1p
 
 header "Kubernetes binaries (hack/k8s-bins.sh; first run builds them, 15-30 min on 2 cores)"
 bins="$(hack/k8s-bins.sh)" || abort "hack/k8s-bins.sh failed to provide the Kubernetes binaries"
@@ -116,6 +124,12 @@ header "kustomize (hack/kustomize.sh; first run builds it, about a minute)"
 kustomize="$(hack/kustomize.sh)" || abort "hack/kustomize.sh failed to provide kustomize (tests/deploy.rs renders deploy/ with it)"
 eval "$kustomize"
 printf 'KUSTOMIZE=%s\n' "$KUSTOMIZE"
+
+header "Grafana dashboard checker (hack/dashboard-check.sh; first run builds it, about a minute)"
+dashboard_check="$(hack/dashboard-check.sh)" ||
+  abort "hack/dashboard-check.sh failed to build the dashboard checker (tests/monitoring.rs runs it)"
+eval "$dashboard_check"
+printf 'DASHBOARD_CHECK=%s\n' "$DASHBOARD_CHECK"
 
 # The release image and the pause image, as OCI archives for the test node's containerd. The
 # static release build has a target directory of its own in the cache, so that it is warm

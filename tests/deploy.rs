@@ -9,6 +9,8 @@
 //!   on 443 (every non-public range excepted), and no rule reaches a cloud metadata address;
 //! - every `run`, `shards` and `explain` flag of `--help` is in `docs/configuration.md` with its
 //!   environment variable and default;
+//! - `deploy/install.yaml` is exactly what `hack/render-install.sh` renders: a generated header
+//!   over the output of `kustomize build deploy/base`, byte for byte;
 //! - every metric named in the dashboard and the alerts is documented in `docs/metrics.md`
 //!   (which `tests/metrics_doc.rs` keeps equal to the registered metrics), and every alert's
 //!   runbook link points at a section of `docs/operations.md`.
@@ -29,7 +31,7 @@ use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use serde_json::Value;
 
 use testenv::docs::{documented_metrics, metric_names, read};
-use testenv::kustomize::{kind_of, kustomize_build as render, monitoring_metrics, name_of, the};
+use testenv::kustomize::{kind_of, kustomize_build as render, kustomize_build_text, monitoring_metrics, name_of, the};
 use testenv::{create_namespace, env, install_crds_yaml, parse_yaml_docs, wait_until};
 
 /// Field manager of the dry-run applies.
@@ -108,6 +110,59 @@ async fn every_kustomization_renders_and_the_kcp_accepts_it() {
         dry_run_apply(&client, &docs).await.unwrap_or_else(|e| panic!("{dir}: {e:#}"));
         eprintln!("{dir}: {} objects accepted by the KCP (dry run)", docs.len());
     }
+}
+
+/// The single-file install and the kustomization it is rendered from.
+const INSTALL_YAML: &str = "deploy/install.yaml";
+const INSTALL_SOURCE: &str = "deploy/base";
+
+/// The first line where the shipped text `a` and the rendered text `b` differ.
+fn first_difference(a: &str, b: &str) -> String {
+    let (mut a_lines, mut b_lines) = (a.lines(), b.lines());
+    for n in 1.. {
+        match (a_lines.next(), b_lines.next()) {
+            (Some(x), Some(y)) if x == y => {}
+            (None, None) => return "the line ends differ".to_owned(),
+            (x, y) => {
+                let (x, y) = (x.unwrap_or("<end of file>"), y.unwrap_or("<end of file>"));
+                return format!("line {n} is {x:?} where the rendering has {y:?}");
+            }
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+#[test]
+fn install_yaml_is_the_rendered_base() {
+    let regenerate = format!("run hack/render-install.sh and commit {INSTALL_YAML}");
+    let out = Command::new(testenv::repo_root().join("hack/render-install.sh"))
+        .arg("-")
+        .output()
+        .expect("run hack/render-install.sh");
+    assert!(out.status.success(), "hack/render-install.sh - failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let rendered = String::from_utf8(out.stdout).expect("UTF-8");
+    let shipped = read(INSTALL_YAML);
+    assert!(
+        shipped == rendered,
+        "{INSTALL_YAML} is stale or edited by hand ({}): {regenerate}",
+        first_difference(&shipped, &rendered)
+    );
+    // Below its header of comment lines it is kustomize's output, unchanged.
+    let body = kustomize_build_text(INSTALL_SOURCE);
+    let header = shipped
+        .strip_suffix(&body)
+        .unwrap_or_else(|| panic!("{INSTALL_YAML} does not end with `kustomize build {INSTALL_SOURCE}`: {regenerate}"));
+    assert!(header.lines().all(|l| l.starts_with('#')), "{INSTALL_YAML}: only comment lines above the objects");
+    assert!(
+        header.contains("GENERATED") && header.contains("hack/render-install.sh"),
+        "the header says how it is made"
+    );
+    let docs = render(INSTALL_SOURCE);
+    assert!(docs.iter().any(|d| kind_of(d) == "Deployment"), "{INSTALL_YAML} installs the Deployment");
+    assert!(
+        docs.iter().all(|d| kind_of(d) != "CustomResourceDefinition"),
+        "{INSTALL_YAML} must not carry the CRDs: on a KCP with lifecycle-manager they are KLM's"
+    );
 }
 
 #[test]

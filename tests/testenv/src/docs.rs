@@ -114,6 +114,116 @@ pub fn metric_names(text: &str) -> BTreeSet<String> {
     names
 }
 
+/// One label matcher of a series selector: `shard="1"`, `reason=~"Skr.*"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Matcher {
+    /// The label name.
+    pub label: String,
+    /// `=`, `!=`, `=~` or `!~`.
+    pub op: String,
+    /// The value, unquoted.
+    pub value: String,
+}
+
+/// Every `catalogsync_…` series selector in a PromQL expression (or a `promtool` input series),
+/// as the metric name as written (with any `_bucket`, `_sum` or `_count`) and its matchers.
+///
+/// # Errors
+/// When a selector's braces or quotes do not close or a matcher has no operator.
+pub fn selectors(text: &str) -> anyhow::Result<Vec<(String, Vec<Matcher>)>> {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(METRIC_PREFIX) {
+        let preceded_by_name = rest[..at].chars().next_back().is_some_and(is_name);
+        let tail = &rest[at..];
+        let len = tail.find(|c: char| !is_name(c)).unwrap_or(tail.len());
+        let name = &tail[..len];
+        rest = &tail[len..];
+        if preceded_by_name {
+            continue;
+        }
+        let mut matchers = Vec::new();
+        if let Some(body) = rest.trim_start().strip_prefix('{') {
+            let (inside, after) = split_braces(body).ok_or_else(|| anyhow::anyhow!("unclosed {{ after {name}"))?;
+            for part in split_outside_quotes(inside, ',').into_iter().map(str::trim).filter(|p| !p.is_empty()) {
+                matchers.push(matcher(part).ok_or_else(|| anyhow::anyhow!("{name}: bad matcher {part}"))?);
+            }
+            rest = after;
+        }
+        out.push((name.to_owned(), matchers));
+    }
+    Ok(out)
+}
+
+/// The inside of `{...}` (after its `{`) and what follows its `}`, quotes respected.
+fn split_braces(body: &str) -> Option<(&str, &str)> {
+    let mut quoted = false;
+    let mut escaped = false;
+    for (i, c) in body.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '}' if !quoted => return Some((&body[..i], &body[i + 1..])),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `text` split at each `sep` outside double quotes.
+fn split_outside_quotes(text: &str, sep: char) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut quoted, mut escaped, mut start) = (false, false, 0);
+    for (i, c) in text.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            c if c == sep && !quoted => {
+                parts.push(&text[start..i]);
+                start = i + c.len_utf8();
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
+    parts
+}
+
+/// `label op "value"`.
+fn matcher(text: &str) -> Option<Matcher> {
+    let at = text.find(['=', '!'])?;
+    let label = text[..at].trim();
+    let after = &text[at..];
+    let op = ["=~", "!~", "!=", "="].into_iter().find(|op| after.starts_with(op))?;
+    let value = after[op.len()..].trim();
+    let value = value.strip_prefix('"')?.strip_suffix('"')?;
+    Some(Matcher { label: label.to_owned(), op: op.to_owned(), value: value.replace("\\\"", "\"") })
+}
+
+/// The label names of every `by (...)` and `without (...)` clause in a PromQL expression.
+pub fn grouping_labels(promql: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for keyword in ["by", "without"] {
+        let mut rest = promql;
+        while let Some(at) = rest.find(keyword) {
+            let before = rest[..at].chars().next_back();
+            let after = rest[at + keyword.len()..].trim_start();
+            rest = &rest[at + keyword.len()..];
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            let Some(list) = after.strip_prefix('(').and_then(|l| l.split_once(')')).map(|(l, _)| l) else {
+                continue;
+            };
+            out.extend(list.split(',').map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned));
+        }
+    }
+    out
+}
+
 /// The metric families of a Prometheus text exposition (from its `# TYPE` lines), with the
 /// label names of their series (`le` and `quantile` left out).
 pub fn exposed_metrics(exposition: &str) -> BTreeMap<String, BTreeSet<String>> {
@@ -143,4 +253,36 @@ pub fn exposed_metrics(exposition: &str) -> BTreeMap<String, BTreeSet<String>> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_are_read_with_their_matchers() {
+        let promql = r#"sum by (shard) (rate(catalogsync_sync_runs_total{shard=~"$shard", result="error"}[10m]))
+            / on() catalogsync_a_count + xcatalogsync_not_a_selector{a="b"} + catalogsync_b{le="+Inf",x!~"a,}b"}"#;
+        let found = selectors(promql).expect("parses");
+        let m =
+            |label: &str, op: &str, value: &str| Matcher { label: label.into(), op: op.into(), value: value.into() };
+        assert_eq!(
+            found,
+            vec![
+                ("catalogsync_sync_runs_total".to_owned(), vec![m("shard", "=~", "$shard"), m("result", "=", "error")]),
+                ("catalogsync_a_count".to_owned(), vec![]),
+                ("catalogsync_b".to_owned(), vec![m("le", "=", "+Inf"), m("x", "!~", "a,}b")]),
+            ]
+        );
+        assert!(selectors("catalogsync_a{b=\"c\"").is_err(), "unclosed brace");
+    }
+
+    #[test]
+    fn grouping_labels_are_read_from_by_and_without() {
+        let promql = "sum by (shard, le) (x) / sum without(pod) (y) + sum(z) by (reason) + standby(q) + bytes";
+        assert_eq!(
+            grouping_labels(promql),
+            ["le", "pod", "reason", "shard"].into_iter().map(str::to_owned).collect::<BTreeSet<_>>()
+        );
+    }
 }

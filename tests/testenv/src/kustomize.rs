@@ -13,6 +13,18 @@ use super::docs::{metric_names, read, repo_path};
 /// # Panics
 /// When `KUSTOMIZE` is not set, the build fails or renders nothing.
 pub fn kustomize_build(dir: &str) -> Vec<Value> {
+    let yaml = kustomize_build_text(dir);
+    let docs =
+        parse_yaml_docs(&yaml).unwrap_or_else(|e| panic!("output of kustomize build {dir} does not parse: {e:#}"));
+    assert!(!docs.is_empty(), "kustomize build {dir} rendered nothing");
+    docs
+}
+
+/// `$KUSTOMIZE build <dir>` as it prints it.
+///
+/// # Panics
+/// When `KUSTOMIZE` is not set or the build fails.
+pub fn kustomize_build_text(dir: &str) -> String {
     let Some(kustomize) = std::env::var_os("KUSTOMIZE") else {
         panic!("KUSTOMIZE is not set: run `eval \"$(hack/kustomize.sh)\"` first (hack/test.sh does)");
     };
@@ -26,11 +38,7 @@ pub fn kustomize_build(dir: &str) -> Vec<Value> {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let yaml = String::from_utf8(out.stdout).expect("kustomize prints UTF-8");
-    let docs =
-        parse_yaml_docs(&yaml).unwrap_or_else(|e| panic!("output of kustomize build {dir} does not parse: {e:#}"));
-    assert!(!docs.is_empty(), "kustomize build {dir} rendered nothing");
-    docs
+    String::from_utf8(out.stdout).expect("kustomize prints UTF-8")
 }
 
 /// The `kind` of an object.
@@ -54,17 +62,21 @@ pub fn the<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
 }
 
 /// The metric names the Grafana dashboard and the PrometheusRule of `deploy/monitoring` use,
-/// by source.
+/// by source: in the PrometheusRule, its expressions and the queries of its annotations'
+/// templates.
 pub fn monitoring_metrics() -> Vec<(&'static str, BTreeSet<String>)> {
     let dashboard = read("deploy/monitoring/dashboard.json");
     serde_json::from_str::<Value>(&dashboard).expect("dashboard.json is JSON");
     let rules = the(&kustomize_build("deploy/monitoring"), "PrometheusRule").clone();
-    let exprs: Vec<String> = rules["spec"]["groups"]
+    let texts: Vec<String> = rules["spec"]["groups"]
         .as_array()
         .expect("rule groups")
         .iter()
         .flat_map(|g| g["rules"].as_array().expect("rules").iter())
-        .map(|r| r["expr"].as_str().expect("expr").to_owned())
+        .flat_map(|r| {
+            let annotations = r["annotations"].as_object().into_iter().flat_map(|a| a.values());
+            std::iter::once(&r["expr"]).chain(annotations).filter_map(Value::as_str).map(str::to_owned)
+        })
         .collect();
-    vec![("dashboard.json", metric_names(&dashboard)), ("PrometheusRule", metric_names(&exprs.join("\n")))]
+    vec![("dashboard.json", metric_names(&dashboard)), ("PrometheusRule", metric_names(&texts.join("\n")))]
 }

@@ -1,7 +1,8 @@
 //! catalogsync's test environment: real kube-apiserver and etcd processes and a KCP and SKRs for
 //! end-to-end tests (kube-apiserver and etcd built by `hack/k8s-bins.sh`; see "Prerequisites" in
 //! README.md), the catalogsync binary as a child process, hostile SKRs, a kubelet node,
-//! the invariant checker, and the catalog fixtures (re-exported from `catalogsync::fixtures`).
+//! the invariant checker, a Prometheus server, and the catalog fixtures (re-exported from
+//! `catalogsync::fixtures`).
 //! The integration tests under `tests/`, the benches, `hack/local-up` and the fleet harness
 //! (`hack/fleet`) all use it.
 //!
@@ -38,9 +39,11 @@ pub mod http;
 pub mod invariants;
 pub mod klm;
 pub mod kustomize;
+pub mod monitoring;
 pub mod node;
 pub mod pki;
 pub mod process;
+pub mod prometheus;
 pub mod proxy;
 pub mod runner;
 pub mod scenario;
@@ -67,6 +70,28 @@ pub use self::{
     runner::{Catalogsync, catalogsync_bin},
     wait::{await_condition, wait_until},
 };
+
+/// Whether this runs in CI: `CI` is set and not empty (`.ci/run` sets it).
+pub fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
+/// A tool that `test` needs, or `None` to skip it: outside CI a missing tool skips the test
+/// with a note on stderr saying how to get it, so that `cargo test` works on a bare machine;
+/// in CI ([`in_ci`]) nothing may be skipped.
+///
+/// # Panics
+/// In CI, when the tool is missing.
+pub fn tool_or_skip(test: &str, tool: Result<PathBuf>) -> Option<PathBuf> {
+    match tool {
+        Ok(path) => Some(path),
+        Err(e) if in_ci() => panic!("{test}: {e:#} (CI is set, so the test may not be skipped)"),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: {e:#}");
+            None
+        }
+    }
+}
 
 /// Namespace of catalogsync's ServiceAccount in `deploy/rbac/`.
 pub const CATALOGSYNC_NAMESPACE: &str = "catalogsync-system";
