@@ -4,13 +4,12 @@
 #   hack/test.sh
 #
 # Steps: toolchains, Debian packages (installed with apt-get when missing and run as root:
-# libfaketime, prometheus (promtool and the server), and containerd, runc, the CNI plugins
-# and iptables of the test node),
+# libfaketime, and containerd, runc, the CNI plugins and iptables of the test node),
 # the Kubernetes binaries (etcd, kube-apiserver, kube-controller-manager, and the test node's
 # kubelet, kube-proxy, kube-scheduler and pause; hack/k8s-bins.sh: built from source on the
 # first run, 15-30 minutes on 2 cores, cached in ~/.cache/catalogsync afterwards),
-# kustomize and the Grafana dashboard checker (hack/kustomize.sh, hack/dashboard-check.sh,
-# same cache), the release image and the pause image
+# kustomize, Prometheus and promtool, and the Grafana dashboard checker (hack/kustomize.sh,
+# hack/prometheus.sh, hack/dashboard-check.sh, same cache), the release image and the pause image
 # (hack/image.sh; tests/deployment.rs runs them on the test node),
 # rustfmt, clippy, all unit and integration tests (the integration tests start their own
 # apiservers), rustdoc, and the fleet harness's smoke scenario. Every step runs even when an earlier one failed, so one run reports
@@ -108,12 +107,6 @@ header "Debian packages"
 apt_install "libfaketime" libfaketime
 # tests/deployment.rs runs the pods of deploy/ on a real node (testenv::node).
 apt_install "the test node" containerd runc containernetworking-plugins iptables
-# tests/monitoring.rs: promtool checks the alerts and the dashboard's queries, a real
-# Prometheus scrapes the replicas. --no-install-recommends: not prometheus-node-exporter.
-# Where systemd runs, the package starts its own Prometheus service on port 9090; the tests
-# use ports of their own.
-apt_install "prometheus and promtool" prometheus
-promtool --version 2>&1 | sed -n 1p
 
 header "Kubernetes binaries (hack/k8s-bins.sh; first run builds them, 15-30 min on 2 cores)"
 bins="$(hack/k8s-bins.sh)" || abort "hack/k8s-bins.sh failed to provide the Kubernetes binaries"
@@ -124,6 +117,12 @@ header "kustomize (hack/kustomize.sh; first run builds it, about a minute)"
 kustomize="$(hack/kustomize.sh)" || abort "hack/kustomize.sh failed to provide kustomize (tests/deploy.rs renders deploy/ with it)"
 eval "$kustomize"
 printf 'KUSTOMIZE=%s\n' "$KUSTOMIZE"
+
+header "Prometheus and promtool (hack/prometheus.sh; first run builds them, about 3 minutes)"
+prometheus="$(hack/prometheus.sh)" ||
+  abort "hack/prometheus.sh failed to provide prometheus and promtool (tests/monitoring.rs and tests/deployment.rs run them)"
+eval "$prometheus"
+printf 'PROMETHEUS=%s\nPROMTOOL=%s\n' "$PROMETHEUS" "$PROMTOOL"
 
 header "Grafana dashboard checker (hack/dashboard-check.sh; first run builds it, about a minute)"
 dashboard_check="$(hack/dashboard-check.sh)" ||

@@ -10,10 +10,9 @@
 //!   query, Grafana's variables filled in, through Prometheus' parser (`promtool check rules`);
 //! - a real Prometheus scraping a catalogsync replica that syncs two SKRs, with the
 //!   PrometheusRule's rules loaded: the target is up, every dashboard query returns series
-//!   (or is listed in [`MAY_BE_EMPTY`] with the reason), and no alert is pending or firing.
+//!   (or is listed in `testenv::monitoring::MAY_BE_EMPTY` with the reason), and no alert is pending or firing.
 //!
-//! promtool and prometheus come from the Debian package `prometheus` (`hack/test.sh` installs
-//! it), the dashboard checker from `hack/dashboard-check.sh`. Outside CI a missing tool skips
+//! promtool and prometheus come from `hack/prometheus.sh` (`hack/test.sh` runs it), the dashboard checker from `hack/dashboard-check.sh`. Outside CI a missing tool skips
 //! its test with a note; in CI (`CI` set) it fails.
 #![allow(clippy::panic)] // Test helpers report failures by panicking.
 
@@ -27,13 +26,13 @@ use serde_json::Value;
 
 use testenv::docs::{DocRow, Matcher, documented_metrics, grouping_labels, read, repo_path, selectors};
 use testenv::monitoring::{
-    ALERT_TESTS_DIR, DASHBOARD, RULE_FILE, SCRAPE_LABELS, alerts, dashboard, dashboard_check_bin, dashboard_queries,
-    prometheus_rule, recording_rules, rule_file,
+    ALERT_TESTS_DIR, AlertsExpected, DASHBOARD, RULE_FILE, SCRAPE_LABELS, alerts, check_live, dashboard,
+    dashboard_check_bin, dashboard_queries, prometheus_rule, recording_rules, rule_file,
 };
 use testenv::process::free_port;
 use testenv::prometheus::{Prometheus, PrometheusOptions, prometheus_bin, promtool_bin, static_scrape_config};
 use testenv::scenario::{Scenario, mrm, mt};
-use testenv::{TestDir, parse_yaml_docs, tool_or_skip, wait_until};
+use testenv::{TestDir, parse_yaml_docs, tool_or_skip};
 
 /// Runs `tool` with `args` in `dir`; panics with its output unless it succeeds.
 fn run_ok(tool: &Path, args: &[&str], dir: &Path, what: &str) -> String {
@@ -249,13 +248,6 @@ fn every_dashboard_query_parses() {
     );
 }
 
-/// Dashboard queries with no series while one healthy replica syncs healthy SKRs, by source
-/// (as [`dashboard_queries`] names them), with the reason.
-const MAY_BE_EMPTY: &[(&str, &str)] = &[(
-    "panel 17 \"Sync errors by shard\" A",
-    "catalogsync_sync_errors_total has a series per reason only after that reason's first error (docs/metrics.md)",
-)];
-
 /// How long the live test waits for each step once everything runs.
 const STEP: Duration = Duration::from_secs(20);
 
@@ -265,13 +257,9 @@ async fn a_real_prometheus_scrapes_a_replica_evaluates_the_rules_and_fills_every
     if tool_or_skip(TEST, prometheus_bin()).is_none() {
         return;
     }
-    let queries = dashboard_queries(&dashboard()).unwrap_or_else(|e| panic!("{DASHBOARD}: {e:#}"));
-    for (source, _) in MAY_BE_EMPTY {
-        assert!(queries.iter().any(|q| q.source == *source), "MAY_BE_EMPTY names {source}, which the dashboard lacks");
-    }
     let rule = prometheus_rule();
 
-    // Prometheus first: 2.42 applies new scrape targets only every 5 s, which passes while the
+    // Prometheus first: it applies new scrape targets only every 5 s, which passes while the
     // test environment starts. Until catalogsync listens, its target is down. Its port is held
     // until then, so that no apiserver of the environment takes it meanwhile.
     let started = Instant::now();
@@ -302,74 +290,7 @@ async fn a_real_prometheus_scrapes_a_replica_evaluates_the_rules_and_fills_every
     }
     eprintln!("both SKRs synced {:.1}s after catalogsync started", started.elapsed().as_secs_f64());
 
-    // Two good scrapes after the sync, so that every rate over the shards' series (created
-    // when the replica takes a shard) has its two samples. Times are Prometheus' own.
-    let synced = prometheus.query("time()").await.expect("query time()")[0].time();
-    let scraped_after = |after| {
-        let prometheus = &prometheus;
-        async move {
-            let targets = prometheus.targets().await.ok()?;
-            let t = targets.iter().find(|t| t.scrape_pool == "catalogsync" && t.health == "up")?;
-            t.last_scrape_time().filter(|at| *at > after)
-        }
-    };
-    let first = match wait_until(STEP, "the catalogsync target to be scraped", || scraped_after(synced)).await {
-        Ok(at) => at,
-        Err(e) => panic!("{e:#}; targets: {:#?}", prometheus.targets().await),
-    };
-    wait_until(STEP, "a second scrape", || scraped_after(first)).await.unwrap_or_else(|e| panic!("{e:#}"));
-    eprintln!("target up, scraped twice {:.1}s after catalogsync started", started.elapsed().as_secs_f64());
-
-    // Every rule group evaluated after that, by Prometheus' own clock.
-    let now = prometheus.query("time()").await.expect("query time()")[0].time();
-    let groups = wait_until(STEP, "every rule group to be evaluated with the scraped data", || async {
-        let groups = prometheus.rule_groups().await.ok()?;
-        groups.iter().all(|g| g.last_evaluation_time().is_some_and(|at| at > now)).then_some(groups)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    let want: BTreeSet<&str> = array(&rule["spec"]["groups"]).iter().filter_map(|g| g["name"].as_str()).collect();
-    let loaded: BTreeSet<&str> = groups.iter().map(|g| g.name.as_str()).collect();
-    assert_eq!(loaded, want, "the rule groups Prometheus loaded");
-    let loaded_alerts: BTreeSet<&str> = groups.iter().flat_map(|g| &g.rules).map(|r| r.name.as_str()).collect();
-    let alert_names = alerts(&rule);
-    assert_eq!(loaded_alerts, alert_names.keys().map(String::as_str).collect(), "the alerts Prometheus loaded");
-    for r in groups.iter().flat_map(|g| &g.rules) {
-        assert!(
-            r.health == "ok" && r.last_error.is_empty(),
-            "{} does not evaluate: {} {}",
-            r.name,
-            r.health,
-            r.last_error
-        );
-    }
-    let active = prometheus.alerts().await.expect("alerts");
-    assert!(active.is_empty(), "alerts in a healthy state: {active:#?}");
-
-    // Every panel has data.
-    let allowed: BTreeMap<&str, &str> = MAY_BE_EMPTY.iter().copied().collect();
-    let mut results: BTreeMap<String, usize> = BTreeMap::new();
-    for q in &queries {
-        let series = prometheus.query(&q.promql).await.unwrap_or_else(|e| panic!("{}: {}: {e:#}", q.source, q.promql));
-        results.insert(q.source.clone(), series.len());
-    }
-    let empty: Vec<String> = queries
-        .iter()
-        .filter(|q| results[&q.source] == 0 && !allowed.contains_key(q.source.as_str()))
-        .map(|q| format!("{}: {}", q.source, q.promql))
-        .collect();
-    assert!(
-        empty.is_empty(),
-        "dashboard queries without series:\n  {}\nseries scraped: {:?}",
-        empty.join("\n  "),
-        prometheus.query("count by (__name__) ({__name__=~\"catalogsync_.*\"})").await
-    );
-    for (source, reason) in MAY_BE_EMPTY {
-        eprintln!("{source}: {} series (may be empty: {reason})", results[*source]);
-    }
-    eprintln!(
-        "{} dashboard queries answered, no alert active, {:.1}s after catalogsync started",
-        queries.len(),
-        started.elapsed().as_secs_f64()
-    );
+    let summary = check_live(&prometheus, "catalogsync", 1, AlertsExpected::None, STEP).await;
+    let summary = summary.unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("{summary}, {:.1}s after catalogsync started", started.elapsed().as_secs_f64());
 }

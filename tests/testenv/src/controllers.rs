@@ -3,7 +3,8 @@
 //! disruption (PodDisruptionBudget) controllers act on them exactly as in a cluster. Pods
 //! then need a node to run on: see [`super::node::Node`], whose not-ready taint the node
 //! lifecycle controller lifts, and whose pods' ServiceAccount token volumes need the
-//! `kube-root-ca.crt` ConfigMap that the root CA publisher writes into every namespace.
+//! `kube-root-ca.crt` ConfigMap that the root CA publisher writes into every namespace. The
+//! EndpointSlices of the metrics Service are what Prometheus discovers the pods through.
 
 use std::process::Command;
 use std::time::Duration;
@@ -19,6 +20,7 @@ pub const CONTROLLERS: &[&str] = &[
     "replicaset-controller",
     "horizontal-pod-autoscaler-controller",
     "disruption-controller",
+    "endpointslice-controller",
     "node-lifecycle-controller",
     "root-ca-certificate-publisher-controller",
 ];

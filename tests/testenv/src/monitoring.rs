@@ -253,3 +253,127 @@ mod tests {
         assert_eq!(values["__rate_interval"], "1m");
     }
 }
+
+/// Dashboard queries that may have no series while healthy replicas sync healthy SKRs, by
+/// source (as [`dashboard_queries`] names them), with the reason.
+pub const MAY_BE_EMPTY: &[(&str, &str)] = &[(
+    "panel 17 \"Sync errors by shard\" A",
+    "catalogsync_sync_errors_total has a series per reason only after that reason's first error (docs/metrics.md)",
+)];
+
+/// What [`check_live`] expects of the alerts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AlertsExpected {
+    /// None pending or firing (a healthy installation).
+    None,
+    /// Any (the workload has a broken Kyma on purpose; the alerts' own tests are promtool's).
+    Any,
+}
+
+/// Checks `deploy/monitoring` against a live Prometheus that scrapes the replicas in scrape
+/// pool `job` with the PrometheusRule's rules loaded: waits (each wait bounded by `step`)
+/// until at least `targets` targets of `job` are up and all of them have been scraped twice
+/// from now on, and every rule group evaluated after that; then every rule of the
+/// PrometheusRule must be loaded and evaluate without error, the alerts be as `expected`
+/// says, and every dashboard query return series unless [`MAY_BE_EMPTY`] names it. Returns a
+/// one-line summary.
+///
+/// # Errors
+/// What is wrong, with what Prometheus answered.
+pub async fn check_live(
+    prometheus: &super::prometheus::Prometheus,
+    job: &str,
+    targets: usize,
+    expected: AlertsExpected,
+    step: std::time::Duration,
+) -> Result<String> {
+    let queries = dashboard_queries(&dashboard())?;
+    for (source, _) in MAY_BE_EMPTY {
+        anyhow::ensure!(
+            queries.iter().any(|q| q.source == *source),
+            "MAY_BE_EMPTY names {source}, which the dashboard lacks"
+        );
+    }
+    let rule = prometheus_rule();
+
+    // Two good scrapes of every target from now on, so that every rate over series created
+    // recently (a shard's, when a replica takes it) has its two samples. Prometheus' clock.
+    let now =
+        || async { Ok::<_, anyhow::Error>(prometheus.query("time()").await?.first().context("no time()")?.time()) };
+    let scraped_after = |after| async move {
+        let all = prometheus.targets().await.ok()?;
+        let pool: Vec<_> = all.iter().filter(|t| t.scrape_pool == job).collect();
+        let oldest = pool.iter().map(|t| t.last_scrape_time()).min()??;
+        (pool.len() >= targets && pool.iter().all(|t| t.health == "up") && oldest > after).then_some(oldest)
+    };
+    let what = format!("{targets} targets of {job} up and scraped");
+    let start = now().await?;
+    let first = match super::wait_until(step, &what, || scraped_after(start)).await {
+        Ok(at) => at,
+        Err(e) => bail!("{e:#}; targets: {:#?}", prometheus.targets().await),
+    };
+    super::wait_until(step, "a second scrape of each", || scraped_after(first)).await?;
+
+    let evaluated_after = now().await?;
+    let groups = super::wait_until(step, "every rule group to be evaluated with the scraped data", || async {
+        let groups = prometheus.rule_groups().await.ok()?;
+        groups.iter().all(|g| g.last_evaluation_time().is_some_and(|at| at > evaluated_after)).then_some(groups)
+    })
+    .await?;
+    let want: std::collections::BTreeSet<&str> = rule["spec"]["groups"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter_map(|g| g["name"].as_str())
+        .collect();
+    let loaded: std::collections::BTreeSet<&str> = groups.iter().map(|g| g.name.as_str()).collect();
+    anyhow::ensure!(loaded == want, "Prometheus loaded the rule groups {loaded:?}, the PrometheusRule has {want:?}");
+    let loaded_alerts: std::collections::BTreeSet<&str> =
+        groups.iter().flat_map(|g| &g.rules).map(|r| r.name.as_str()).collect();
+    let alert_names = alerts(&rule);
+    let want_alerts: std::collections::BTreeSet<&str> = alert_names.keys().map(String::as_str).collect();
+    anyhow::ensure!(
+        loaded_alerts == want_alerts,
+        "Prometheus loaded the alerts {loaded_alerts:?}, want {want_alerts:?}"
+    );
+    for r in groups.iter().flat_map(|g| &g.rules) {
+        anyhow::ensure!(
+            r.health == "ok" && r.last_error.is_empty(),
+            "{} does not evaluate: {} {}",
+            r.name,
+            r.health,
+            r.last_error
+        );
+    }
+    let active = prometheus.alerts().await?;
+    if expected == AlertsExpected::None {
+        anyhow::ensure!(active.is_empty(), "alerts in a healthy state: {active:#?}");
+    }
+
+    let allowed: BTreeMap<&str, &str> = MAY_BE_EMPTY.iter().copied().collect();
+    let mut empty = Vec::new();
+    let mut allowed_empty = Vec::new();
+    for q in &queries {
+        let series = prometheus.query(&q.promql).await.with_context(|| format!("{}: {}", q.source, q.promql))?;
+        match (series.is_empty(), allowed.get(q.source.as_str())) {
+            (true, Some(reason)) => allowed_empty.push(format!("{} (may be empty: {reason})", q.source)),
+            (true, None) => empty.push(format!("{}: {}", q.source, q.promql)),
+            (false, _) => {}
+        }
+    }
+    if !empty.is_empty() {
+        bail!(
+            "dashboard queries without series:\n  {}\nseries scraped: {:?}",
+            empty.join("\n  "),
+            prometheus.query("count by (__name__) ({__name__=~\"catalogsync_.*\"})").await
+        );
+    }
+    Ok(format!(
+        "{} targets of {job} up; {} rule groups evaluate; {} alerts active; {} dashboard queries answered{}",
+        targets,
+        groups.len(),
+        active.len(),
+        queries.len() - allowed_empty.len(),
+        if allowed_empty.is_empty() { String::new() } else { format!(", empty: {}", allowed_empty.join(", ")) }
+    ))
+}

@@ -226,9 +226,15 @@ impl Node {
 
     /// A command that runs inside the node's network and mount namespaces.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg("-t").arg(self.holder.pid().to_string()).args(["-n", "-m", "--"]).arg(program);
+        let prefix = self.command_prefix();
+        let mut cmd = Command::new(&prefix[0]);
+        cmd.args(&prefix[1..]).arg(program);
         cmd
+    }
+
+    /// The command prefix of [`Node::command`]: `nsenter` into the node's namespaces.
+    pub fn command_prefix(&self) -> Vec<String> {
+        ["nsenter", "-t", &self.holder.pid().to_string(), "-n", "-m", "--"].map(str::to_owned).to_vec()
     }
 
     /// A kubeconfig for the KCP as admin, for processes inside the node's network namespace.

@@ -1,5 +1,5 @@
-//! A real Prometheus server for the tests: the `prometheus` binary (Debian package
-//! `prometheus`, which `hack/test.sh` installs) started with a configuration and rule files in
+//! A real Prometheus server for the tests: the `prometheus` binary (`$PROMETHEUS`, built by
+//! `hack/prometheus.sh`, which `hack/test.sh` runs) started with a configuration and rule files in
 //! a test directory, and a client of its HTTP API (`/api/v1/query`, `/api/v1/targets`,
 //! `/api/v1/rules`, `/api/v1/alerts`), plus where to find `promtool`.
 //!
@@ -22,7 +22,7 @@
 //! ```
 //!
 //! # Caveats
-//! Prometheus 2.42 hands discovered targets to its scrapers every 5 s, so a target is first
+//! Prometheus hands discovered targets to its scrapers every 5 s, so a target is first
 //! scraped up to about 5 s after the server starts or the target is discovered: start the
 //! server before the workload when the test should be quick. Scraped samples are visible to
 //! queries and rules once [`Target::last_scrape`] has moved; a rate needs two of them.
@@ -71,7 +71,7 @@ pub fn promtool_bin() -> Result<PathBuf> {
 }
 
 fn tool(env_var: &str, name: &str) -> Result<PathBuf> {
-    let hint = "install the Debian/Ubuntu package prometheus (hack/test.sh does, as root)";
+    let hint = "run `eval \"$(hack/prometheus.sh)\"` to build it (hack/test.sh does)";
     if let Some(path) = std::env::var_os(env_var).filter(|v| !v.is_empty()) {
         let path = PathBuf::from(path);
         anyhow::ensure!(path.is_file(), "{name} not found at {} (from {env_var}); {hint}", path.display());
