@@ -15,6 +15,7 @@
 //! When a server is stopped on purpose, its watchdog is killed and reaped *before* the
 //! server is reaped, so the watchdog can never signal a recycled PID.
 
+use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::{Read as _, Seek as _, SeekFrom};
 use std::os::unix::process::CommandExt as _;
@@ -125,19 +126,8 @@ impl Watchdog {
     /// Fails when `/bin/sh` cannot be spawned.
     pub fn spawn(pid: Option<u32>, cleanup: Option<&Path>) -> Result<Self> {
         let target = pid.map(|p| p.to_string()).unwrap_or_default();
-        let child = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(WATCHDOG_SCRIPT)
-            .arg("catalogsync-watchdog")
-            .arg(target)
-            .arg(cleanup.map(|p| p.as_os_str().to_owned()).unwrap_or_default())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .context("failed to spawn a watchdog (/bin/sh)")?;
-        Ok(Self { child, disarmed: false })
+        let cleanup = cleanup.map(|p| p.as_os_str().to_owned()).unwrap_or_default();
+        Self::spawn_script(WATCHDOG_SCRIPT, [OsString::from(target), cleanup])
     }
 
     /// Spawns a watchdog that runs `script` with `/bin/sh` once this process has exited or
@@ -146,11 +136,16 @@ impl Watchdog {
     /// # Errors
     /// Fails when `/bin/sh` cannot be spawned.
     pub fn run_at_exit(script: &Path) -> Result<Self> {
+        Self::spawn_script(r#"read -r _ignored; exec /bin/sh "$1""#, [script.as_os_str().to_owned()])
+    }
+
+    /// A `/bin/sh -c script` with `args` as `$1`...; its stdin is the pipe whose end closes.
+    fn spawn_script(script: &str, args: impl IntoIterator<Item = OsString>) -> Result<Self> {
         let child = Command::new("/bin/sh")
             .arg("-c")
-            .arg(r#"read -r _ignored; exec /bin/sh "$1""#)
-            .arg("catalogsync-watchdog")
             .arg(script)
+            .arg("catalogsync-watchdog")
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
