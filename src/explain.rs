@@ -404,6 +404,7 @@ async fn observe_skr(
         metrics: &metrics,
         may_write: &never_write,
         full_lists: &full_lists,
+        trust_memory_for: Duration::ZERO,
     };
     tokio::time::timeout(args.sync_timeout, target.observe())
         .await

@@ -538,3 +538,50 @@ async fn klm_shaped_module_template_round_trips_without_losing_fields() {
     );
     assert!(copy.owner_references().is_empty() && copy.finalizers().is_empty());
 }
+
+/// A catalog change reaches an SKR that was verified within the resync period with one write
+/// per changed copy and no other request (no list): the replica plans from what it remembers
+/// of the SKR. The resync after it lists again.
+#[tokio::test]
+async fn a_catalog_change_to_a_warm_skr_costs_one_write_per_changed_copy() {
+    let env = testenv::env();
+    let skr = &env.skr_a;
+    let mut s = Scenario::new("one-write").await.expect("scenario");
+    s.apply_catalog(&[
+        mt("keda", "1.0.0"),
+        mt("keda", "1.1.0"),
+        mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")]),
+    ])
+    .await
+    .expect("catalog");
+    s.add_kyma("k", skr, &[]).await.expect("kyma");
+    s.start(&["--resync-period", "1h"]).expect("start");
+    s.await_condition("k", "True", "CatalogSynced", PROMPT).await;
+    s.await_skr_names(skr, MT, &["keda-1.0.0", "keda-1.1.0"], PROMPT).await;
+
+    let mark = skr.read_audit_events().len();
+    let runs = s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await;
+    let mut updated = mt("keda", "1.1.0");
+    updated["spec"]["descriptor"]["component"]["labels"] = serde_json::json!([{"name": "rev", "value": "2"}]);
+    s.apply_catalog(std::slice::from_ref(&updated)).await.expect("update mt");
+    let mts = s.skr_api(skr, MT);
+    testenv::await_condition(PROMPT, "the updated keda-1.1.0 in the SKR", || async {
+        mts.get("keda-1.1.0").await.ok().is_some_and(|o| spec_of(&o) == copy_spec(&updated))
+    })
+    .await;
+    // The sync of the change has finished (the audit log is written before each response).
+    testenv::await_condition(PROMPT, "the sync of the change to finish", || async {
+        s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await > runs
+    })
+    .await;
+    let requests: Vec<(String, String, Option<String>)> = skr.read_audit_events()[mark..]
+        .iter()
+        .filter(|e| e.user.username == s.skr_user("k") && e.stage == "ResponseComplete")
+        .map(|e| (e.verb.clone(), e.resource().to_owned(), e.name().map(str::to_owned)))
+        .collect();
+    assert_eq!(
+        requests,
+        [("patch".to_owned(), "moduletemplates".to_owned(), Some("keda-1.1.0".to_owned()))],
+        "the SKR requests of one MT change"
+    );
+}

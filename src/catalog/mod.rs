@@ -27,7 +27,7 @@ pub use desired::{
     DesiredObject, DesiredSet, Explanation, Filtered, Profile, ProfileCache, Warning, WarningReason, desired_set,
     explain,
 };
-pub use plan::{KindMemory, Observed, Orphan, Plan, plan};
+pub use plan::{KindMemory, Observed, Orphan, Plan, plan, plan_from_memory};
 pub use snapshot::{MrmView, MtView, Snapshot};
 
 /// The two catalog kinds, used as keys and as bounded metric labels.

@@ -16,6 +16,13 @@
 //!   a label, or lifecycle-manager, running beside catalogsync, applied its body) is not
 //!   rewritten.
 //!
+//! - **Trusted** (a warm SKR listed in full or metadata-only within the resync period): no
+//!   list at all ([`plan_from_memory`]). A copy whose desired body still has the content hash
+//!   remembered for it is unchanged, any other is applied: a catalog change costs one write
+//!   per changed copy. What memory cannot tell (a remembered copy no longer desired, whose
+//!   prune needs the UID and resourceVersion of a list) falls back to a list. Drift in the
+//!   SKR is found by the next list, at the latest one resync period after the last one.
+//!
 //! Orphans are copies carrying a `catalog-sync` managed-fields entry that are not desired.
 //! Each is planned with the UID and `resourceVersion` it was listed with ([`Orphan`]), and
 //! deleted only if it still has both: a copy recreated or changed since the list is judged
@@ -78,6 +85,13 @@ impl ResourceVersion {
     fn number(rv: &str) -> Option<u64> {
         let canonical = !rv.is_empty() && rv.bytes().all(|b| b.is_ascii_digit()) && (rv == "0" || !rv.starts_with('0'));
         canonical.then(|| rv.parse().ok()).flatten()
+    }
+
+    fn text(&self) -> String {
+        match self {
+            ResourceVersion::Number(n) => n.to_string(),
+            ResourceVersion::Text(text) => text.to_string(),
+        }
     }
 
     fn is(&self, rv: &str) -> bool {
@@ -194,6 +208,25 @@ pub fn plan(desired: &BTreeMap<String, DesiredObject>, observed: &[Observed], me
         }
     }
     out
+}
+
+/// Plans one kind from memory alone, without a list, for an SKR whose memory is trusted (see
+/// the module docs): every desired copy remembered with the content hash it has now is
+/// unchanged (with its remembered resourceVersion), every other one is applied. `None` when
+/// memory remembers a copy that is no longer desired: pruning it needs a list.
+pub fn plan_from_memory(desired: &BTreeMap<String, DesiredObject>, memory: &KindMemory) -> Option<Plan> {
+    let wanted: std::collections::HashSet<u64> = desired.keys().map(|name| name_key(name)).collect();
+    if memory.0.keys().any(|key| !wanted.contains(key)) {
+        return None;
+    }
+    let mut out = Plan::default();
+    for (name, want) in desired {
+        match memory.0.get(&name_key(name)) {
+            Some(r) if r.hash == want.hash => out.unchanged.push((name.clone(), r.resource_version.text(), want.hash)),
+            _ => out.apply.push(want.clone()),
+        }
+    }
+    Some(out)
 }
 
 /// Whether a plan made from a metadata-only list would apply a copy that was written in the

@@ -22,6 +22,9 @@ pub struct SkrState {
     pub warm: bool,
     /// Hash of the CRDs last ensured in this SKR.
     pub crd_hash: Option<u64>,
+    /// When a successful sync last listed every kind (verified the SKR). Until one resync
+    /// period after it, syncs of a warm SKR plan from [`SkrState::memory`] alone.
+    pub verified_at: Option<tokio::time::Instant>,
     /// Remembered resourceVersions and content hashes per kind.
     pub memory: BTreeMap<CatalogKind, KindMemory>,
 }

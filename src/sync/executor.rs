@@ -99,6 +99,9 @@ pub struct SyncReport {
     pub prune_conflicts: usize,
     /// Whether the namespace or a CRD was written.
     pub setup_writes: usize,
+    /// When the SKR is due to be listed again: the time left until its memory is no longer
+    /// trusted (`None`: it was never verified, or trust is off).
+    pub verify_in: Option<Duration>,
 }
 
 impl SyncReport {
@@ -127,7 +130,15 @@ pub struct SkrTarget<'a> {
     /// Permits for full lists, shared by all syncs of the replica: a full list holds every
     /// copy of a kind in memory (about 2 MB of JSON for a catalog of 25 modules).
     pub full_lists: &'a tokio::sync::Semaphore,
+    /// How long after a sync that listed every kind the syncs of the warm SKR trust its
+    /// memory and do not list (the resync period; zero: list on every sync). See
+    /// [`crate::catalog::plan_from_memory`].
+    pub trust_memory_for: Duration,
 }
+
+/// How much sooner than [`SkrTarget::trust_memory_for`] a sync stops trusting memory: the
+/// resync that [`SyncReport::verify_in`] schedules always finds it expired and lists.
+const TRUST_MARGIN: Duration = Duration::from_secs(1);
 
 fn apply_params() -> PatchParams {
     PatchParams::apply(SKR_FIELD_MANAGER).force()
@@ -200,8 +211,20 @@ impl SkrTarget<'_> {
         state.warm = result.is_ok();
         if result.is_err() {
             state.crd_hash = None;
+            state.verified_at = None;
         }
-        result
+        result.map(|mut report| {
+            report.verify_in = state
+                .verified_at
+                .filter(|_| !self.trust_memory_for.is_zero())
+                .map(|at| self.trust_memory_for.saturating_sub(at.elapsed()));
+            report
+        })
+    }
+
+    /// Whether a sync of an SKR in `state` may plan from memory alone.
+    fn trusts_memory(&self, state: &SkrState) -> bool {
+        state.warm && state.verified_at.is_some_and(|at| at.elapsed() + TRUST_MARGIN < self.trust_memory_for)
     }
 
     async fn sync_inner(&self, desired: &DesiredSet, crds: &SkrCrds, state: &mut SkrState) -> Result<SyncReport> {
@@ -214,8 +237,17 @@ impl SkrTarget<'_> {
             state.crd_hash = Some(crds.hash);
         }
         let mut first_error = None;
+        let trusted = self.trusts_memory(state);
+        let mut listed_all = true;
         for kind in CatalogKind::ALL {
             let memory = state.memory.entry(kind).or_default();
+            if let Some(plan) = trusted.then(|| crate::catalog::plan_from_memory(desired.of(kind), memory)).flatten() {
+                listed_all = false;
+                if let Err(err) = self.execute(kind, &plan, memory, &mut report).await {
+                    first_error.get_or_insert(err);
+                }
+                continue;
+            }
             let observed = match self.list(kind, !state.warm).await {
                 Ok(o) => o,
                 Err(err) if matches!(&err, SyncError::ListSkrObjects { source, .. } if is_not_found(source)) => {
@@ -237,7 +269,12 @@ impl SkrTarget<'_> {
         }
         match first_error {
             Some(err) => Err(err),
-            None => Ok(report),
+            None => {
+                if listed_all {
+                    state.verified_at = Some(tokio::time::Instant::now());
+                }
+                Ok(report)
+            }
         }
     }
 
@@ -773,6 +810,7 @@ mod tests {
             metrics: &metrics,
             may_write: &may_write,
             full_lists: &full_lists,
+            trust_memory_for: Duration::ZERO,
         };
         let mut memory = crate::catalog::KindMemory::new();
         for o in &plan.prune {
@@ -849,6 +887,7 @@ mod tests {
             metrics: &metrics,
             may_write: &may_write,
             full_lists: &full_lists,
+            trust_memory_for: Duration::ZERO,
         };
         let (object, copy) = desired_copy();
 

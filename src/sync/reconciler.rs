@@ -254,7 +254,11 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
                 observed_generation: kyma.metadata.generation,
             };
             write_condition(&kyma, &wanted, &ctx).await?;
-            Ok(Action::requeue(jittered(ctx.settings.resync_period, ctx.settings.resync_jitter)))
+            // The resync lists the SKR again once its memory is no longer trusted, so drift
+            // is repaired within a resync period of the last list however often the catalog
+            // changes in between.
+            let resync = jittered(ctx.settings.resync_period, ctx.settings.resync_jitter);
+            Ok(Action::requeue(report.verify_in.map_or(resync, |due| resync.min(due))))
         }
         Err(SyncError::OwnershipLost) => {
             ctx.kymas.forget_progress(&name);
@@ -427,6 +431,7 @@ async fn visit_skr(
         metrics: &ctx.metrics.skr,
         may_write: &may_write,
         full_lists: &ctx.full_lists,
+        trust_memory_for: ctx.settings.resync_period,
     };
     if active {
         target.sync(desired, &catalog.crds, &mut state).await.map(Visit::Synced)

@@ -453,3 +453,38 @@ fn memory_matches_exactly_the_remembered_version_and_hash() {
     assert!(!memory.matches("keda-1.0.0", "1300", 8));
     assert_eq!(memory.len(), 1);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Trusted memory (no list)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn from_memory_a_catalog_change_applies_only_the_changed_and_new_copies() {
+    let keda = desired_mt("keda", "1.0.0");
+    let serverless = desired_mt("serverless", "2.0.0");
+    let added = desired_mt("eventing", "1.0.0");
+    let memory =
+        remember(&[("keda-1.0.0", "17", keda.hash), ("serverless-2.0.0", "18", serverless.hash.wrapping_add(1))]);
+    let plan = plan_from_memory(&desired_of([&keda, &serverless, &added]), &memory).expect("memory can tell");
+    assert_eq!(applied(&plan), ["eventing-1.0.0", "serverless-2.0.0"]);
+    assert_eq!(plan.unchanged, vec![("keda-1.0.0".to_owned(), "17".to_owned(), keda.hash)]);
+    assert!(plan.prune.is_empty());
+}
+
+#[test]
+fn from_memory_an_unchanged_catalog_makes_no_request_at_all() {
+    let keda = desired_mt("keda", "1.0.0");
+    let memory = remember(&[("keda-1.0.0", "0017", keda.hash)]);
+    let plan = plan_from_memory(&desired_of([&keda]), &memory).expect("memory can tell");
+    assert!(plan.is_noop());
+    assert_eq!(plan.unchanged, vec![("keda-1.0.0".to_owned(), "0017".to_owned(), keda.hash)], "rv kept as text");
+}
+
+#[test]
+fn from_memory_a_copy_no_longer_desired_needs_a_list_to_be_pruned() {
+    let keda = desired_mt("keda", "1.0.0");
+    let memory = remember(&[("keda-1.0.0", "17", keda.hash), ("keda-0.9.0", "16", 7)]);
+    assert_eq!(plan_from_memory(&desired_of([&keda]), &memory), None);
+    assert_eq!(plan_from_memory(&BTreeMap::new(), &memory), None);
+    assert_eq!(plan_from_memory(&BTreeMap::new(), &KindMemory::new()), Some(Plan::default()));
+}
