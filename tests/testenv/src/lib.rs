@@ -194,8 +194,8 @@ pub struct EnvOptions {
     pub skr: ControlPlaneOptions,
 }
 
-/// Sets the options [`env`] starts the shared environment with. For a test binary whose
-/// tests all need them (the real node's); call it before the first [`env`].
+/// Sets the options [`env()`] starts the shared environment with. For a test binary whose
+/// tests all need them (the real node's); call it before the first [`env()`].
 ///
 /// # Panics
 /// When the environment has started already or was configured differently before.
