@@ -24,6 +24,7 @@ use kube::{Api, Client};
 use serde::Serialize;
 
 use crate::api::{KYMA_NAME_LABEL, Kyma, SKIP_RECONCILIATION_LABEL, is_flag_on};
+use crate::catalog::selector::{is_dns_subdomain, is_label_value};
 use crate::catalog::{CatalogKind, Comparison, Explanation, KindComparison, Snapshot};
 use crate::config::{ExplainArgs, OutputFormat};
 use crate::error::SyncError;
@@ -299,7 +300,7 @@ async fn read_kyma(
 ) -> Result<PartialObjectMeta<Kyma>, ExplainError> {
     let not_found = || ExplainError::KymaNotFound { name: name.to_owned(), namespace: namespace.to_owned() };
     // A name that is no object name names no Kyma (and must not reach a field selector).
-    if !is_object_name(name) {
+    if !is_dns_subdomain(name) {
         return Err(not_found());
     }
     let api: Api<Kyma> = Api::namespaced(kcp.clone(), namespace);
@@ -435,33 +436,6 @@ async fn find_secret(
         Vec::new()
     };
     find_access_secret(&secrets, kyma, namespace).cloned()
-}
-
-/// Whether `name` can be an object name (a DNS-1123 subdomain).
-fn is_object_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|part| {
-            let bytes = part.as_bytes();
-            let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-            match (bytes.first(), bytes.last()) {
-                (Some(first), Some(last)) => edge(first) && edge(last) && bytes.iter().all(|c| edge(c) || *c == b'-'),
-                _ => false,
-            }
-        })
-}
-
-/// Whether `value` can be a label value (and so the value of a Secret's `kyma-name` label).
-fn is_label_value(value: &str) -> bool {
-    let bytes = value.as_bytes();
-    let inner = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.');
-    value.len() <= 63
-        && match (bytes.first(), bytes.last()) {
-            (Some(first), Some(last)) => {
-                first.is_ascii_alphanumeric() && last.is_ascii_alphanumeric() && bytes.iter().all(inner)
-            }
-            _ => true,
-        }
 }
 
 fn yes_no(value: bool) -> &'static str {

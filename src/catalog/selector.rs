@@ -242,6 +242,18 @@ fn value_problem(value: &str) -> Option<&'static str> {
     (value.len() > NAME_MAX).then_some(VALUE_TOO_LONG)
 }
 
+/// Whether `value` is a valid label value (empty, or at most 63 characters of
+/// [`is_name_syntax`]).
+pub(crate) fn is_label_value(value: &str) -> bool {
+    value_problem(value).is_none()
+}
+
+/// Whether `name` is a DNS-1123 subdomain (at most 253 characters of dot-separated
+/// [`is_dns_label_syntax`] parts), as object names of most kinds are.
+pub(crate) fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty() && name.len() <= PREFIX_MAX && name.split('.').all(is_dns_label_syntax)
+}
+
 /// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`: the name part of a qualified name and a
 /// non-empty label value, length aside.
 fn is_name_syntax(s: &str) -> bool {

@@ -162,11 +162,11 @@ fn an_skr_failure_is_reported_as_the_condition_would_report_it() {
 #[test]
 fn names_that_are_no_object_names_or_label_values_are_recognised() {
     for good in ["kyma-1", "b6f1a2c4-0d8e-4f5e-9a1b-2c3d4e5f6a7b", "a.b"] {
-        assert!(is_object_name(good), "{good}");
+        assert!(is_dns_subdomain(good), "{good}");
         assert!(is_label_value(good), "{good}");
     }
     for bad in ["", "Kyma", "a,metadata.namespace=x", "-a", "a..b", &"a".repeat(254)] {
-        assert!(!is_object_name(bad), "{bad}");
+        assert!(!is_dns_subdomain(bad), "{bad}");
     }
     assert!(!is_label_value(&"a".repeat(64)));
     assert!(!is_label_value("a=b"));
