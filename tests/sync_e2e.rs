@@ -236,18 +236,17 @@ async fn catalog_changes_reach_every_skr_without_a_resync() {
     assert!(s.metric("catalogsync_sync_runs_total", &["result=\"error\""]).await == 0.0, "{}", s.log());
 }
 
+/// keda 1.0.0 on the regular channel and 1.1.0 on the fast one.
+fn keda_on_two_channels() -> [serde_json::Value; 3] {
+    [mt("keda", "1.0.0"), mt("keda", "1.1.0"), mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")])]
+}
+
 #[tokio::test]
 async fn drift_is_repaired_and_user_objects_are_left_alone() {
     let env = testenv::env();
     let skr = &env.skr_a;
     let mut s = Scenario::new("drift").await.expect("scenario");
-    s.apply_catalog(&[
-        mt("keda", "1.0.0"),
-        mt("keda", "1.1.0"),
-        mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")]),
-    ])
-    .await
-    .expect("catalog");
+    s.apply_catalog(&keda_on_two_channels()).await.expect("catalog");
     s.add_kyma("k", skr, &[]).await.expect("kyma");
 
     // Before catalogsync runs, the SKR holds what lifecycle-manager left there: an up-to-date
@@ -547,13 +546,7 @@ async fn a_catalog_change_to_a_warm_skr_costs_one_write_per_changed_copy() {
     let env = testenv::env();
     let skr = &env.skr_a;
     let mut s = Scenario::new("one-write").await.expect("scenario");
-    s.apply_catalog(&[
-        mt("keda", "1.0.0"),
-        mt("keda", "1.1.0"),
-        mrm("keda", &[("regular", "1.0.0"), ("fast", "1.1.0")]),
-    ])
-    .await
-    .expect("catalog");
+    s.apply_catalog(&keda_on_two_channels()).await.expect("catalog");
     s.add_kyma("k", skr, &[]).await.expect("kyma");
     s.start(&["--resync-period", "1h"]).expect("start");
     s.await_condition("k", "True", "CatalogSynced", PROMPT).await;
