@@ -21,13 +21,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::api::{KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, SKIP_RECONCILIATION_LABEL, is_flag_on};
-use crate::catalog::{CatalogKind, Comparison};
+use crate::catalog::CatalogKind;
 use crate::config::Mode;
 use crate::error::ConditionReason;
 use crate::error::{Result, SyncError};
 use crate::metrics::{EvictionReason, Metrics, ObjectOp, SkipReason, SyncOutcome};
 use crate::sharding::ShardView;
-use crate::skr::{AccessSecrets, SkrConnector};
+use crate::skr::{AccessSecrets, SkrConnector, SkrState};
 use crate::sync::condition::{self, ConditionStatus, Wanted};
 use crate::sync::executor::{SkrTarget, SyncReport};
 use crate::sync::kymas::{KymaRecords, ShadowCounts};
@@ -224,11 +224,15 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     let timer = ctx.metrics.sync.measure(shard);
     let catalog = Arc::clone(&ctx.catalog.borrow());
     let desired = catalog.desired(kyma.labels(), &ctx.settings.restricted_modules);
-    let result =
-        match tokio::time::timeout(ctx.settings.sync_timeout, sync_skr(&kyma, &desired.set, &catalog, &ctx)).await {
-            Ok(r) => r,
-            Err(_) => Err(SyncError::SyncTimeout(ctx.settings.sync_timeout)),
-        };
+    let result = match tokio::time::timeout(
+        ctx.settings.sync_timeout,
+        visit_skr(&kyma, &ctx, async |target, state| target.sync(&desired.set, &catalog.crds, state).await),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => Err(SyncError::SyncTimeout(ctx.settings.sync_timeout)),
+    };
     drop(timer);
 
     match result {
@@ -294,11 +298,15 @@ async fn shadow(kyma: &Kyma, shard: u32, ctx: &Context) -> Result<Action> {
     let timer = ctx.metrics.sync.measure(shard);
     let catalog = Arc::clone(&ctx.catalog.borrow());
     let desired = catalog.desired(kyma.labels(), &ctx.settings.restricted_modules);
-    let result =
-        match tokio::time::timeout(ctx.settings.sync_timeout, compare_skr(kyma, &desired.set, &catalog, ctx)).await {
-            Ok(r) => r,
-            Err(_) => Err(SyncError::SyncTimeout(ctx.settings.sync_timeout)),
-        };
+    let result = match tokio::time::timeout(
+        ctx.settings.sync_timeout,
+        visit_skr(kyma, ctx, async |target, state| target.compare(&desired.set, state).await),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => Err(SyncError::SyncTimeout(ctx.settings.sync_timeout)),
+    };
     drop(timer);
     match result {
         Ok(comparison) => {
@@ -375,45 +383,14 @@ fn record_report(metrics: &Metrics, report: &SyncReport) {
     }
 }
 
-/// What one visit of an SKR did: a sync (active mode) or a comparison (shadow mode).
-/// The mode is the process's, so a reconcile of one mode always gets that mode's visit.
-enum Visit {
-    Synced(SyncReport),
-    Compared(Comparison),
-}
-
-async fn sync_skr(
+/// Builds the target of one visit to the SKR of `kyma` and runs `work` on it with the SKR's
+/// sync state: a sync in active mode, a comparison in shadow mode, where the target never
+/// may write.
+async fn visit_skr<T>(
     kyma: &Kyma,
-    desired: &crate::catalog::DesiredSet,
-    catalog: &CatalogState,
     ctx: &Context,
-) -> Result<SyncReport> {
-    match visit_skr(kyma, desired, catalog, ctx).await? {
-        Visit::Synced(report) => Ok(report),
-        Visit::Compared(_) => Ok(SyncReport::default()),
-    }
-}
-
-async fn compare_skr(
-    kyma: &Kyma,
-    desired: &crate::catalog::DesiredSet,
-    catalog: &CatalogState,
-    ctx: &Context,
-) -> Result<Comparison> {
-    match visit_skr(kyma, desired, catalog, ctx).await? {
-        Visit::Compared(comparison) => Ok(comparison),
-        Visit::Synced(_) => Ok(Comparison::default()),
-    }
-}
-
-/// Syncs the SKR of `kyma` (active mode), or only compares it with `desired` (shadow mode,
-/// where no SKR write is ever allowed).
-async fn visit_skr(
-    kyma: &Kyma,
-    desired: &crate::catalog::DesiredSet,
-    catalog: &CatalogState,
-    ctx: &Context,
-) -> Result<Visit> {
+    work: impl AsyncFnOnce(&SkrTarget<'_>, &mut SkrState) -> Result<T>,
+) -> Result<T> {
     let name = kyma.name_any();
     let namespace = kyma.namespace().unwrap_or_default();
     let secret = ctx.secrets.find(&name, &namespace)?;
@@ -433,11 +410,7 @@ async fn visit_skr(
         full_lists: &ctx.full_lists,
         trust_memory_for: ctx.settings.resync_period,
     };
-    if active {
-        target.sync(desired, &catalog.crds, &mut state).await.map(Visit::Synced)
-    } else {
-        target.compare(desired, &mut state).await.map(Visit::Compared)
-    }
+    work(&target, &mut state).await
 }
 
 /// Writes the `ModuleCatalog` condition when it differs from the cached one and no other
