@@ -171,7 +171,7 @@ pub async fn run_with(
     };
 
     // KCP watches.
-    let (catalog_stores, catalog_changes) = watches::catalog(&kcp, &ns);
+    let (catalog_stores, catalog_changes) = watches::catalog(&kcp, &ns, &sync_namespace);
     let (access_secrets, secret_store, secret_kymas) = watches::access_secrets(&kcp, &ns);
     let (lease_store, lease_changes) = watches::leases(&kcp, &lease_namespace);
     let (catalog_tx, catalog_rx) = watch::channel(Arc::new(CatalogState::default()));
@@ -309,7 +309,6 @@ pub async fn run_with(
             view: view.clone(),
             kymas,
             metrics: metrics.clone(),
-            sync_namespace: ctx.settings.sync_namespace.clone(),
             restricted_modules: ctx.settings.restricted_modules.clone(),
             guard: Some(ShrinkGuard::new(catalog_shrink_threshold, kcp.clone(), &lease_namespace, kcp_request_timeout)),
             debounce: catalog_debounce,

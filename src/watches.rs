@@ -17,7 +17,7 @@ use crate::catalog::CatalogKind;
 use crate::skr::AccessSecrets;
 use crate::sync::executor::skr_crd_names;
 use crate::sync::reconciler;
-use crate::sync::state::CatalogStores;
+use crate::sync::state::{CatalogStores, EntryWriter};
 
 /// The Kymas of `namespace`: their store (trimmed to what the controller reads), and the stream
 /// of Kymas whose trigger fields changed ([`reconciler::trigger_hash`]), which drives the
@@ -107,28 +107,27 @@ pub fn leases(kcp: &Client, namespace: &str) -> (Store<Lease>, impl Stream<Item 
     (store, changes)
 }
 
-/// The catalog of `namespace` (ModuleTemplates, ModuleReleaseMetas) and the two catalog CRDs:
-/// their stores, and one stream that yields once per change.
-pub fn catalog(kcp: &Client, namespace: &str) -> (CatalogStores, impl Stream<Item = ()> + Send + 'static) {
-    let strip = |o: &mut DynamicObject| o.metadata.managed_fields = None;
-    let mt_ar = CatalogKind::ModuleTemplate.api_resource();
-    let mrm_ar = CatalogKind::ModuleReleaseMeta.api_resource();
-    let mt_writer = reflector::store::Writer::new(mt_ar.clone());
-    let mt_store = mt_writer.as_reader();
-    let mrm_writer = reflector::store::Writer::new(mrm_ar.clone());
-    let mrm_store = mrm_writer.as_reader();
-    let mts =
-        watcher(Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mt_ar), watcher::Config::default())
-            .default_backoff()
-            .modify(strip)
-            .reflect(mt_writer)
-            .map(|_| ());
-    let mrms =
-        watcher(Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &mrm_ar), watcher::Config::default())
-            .default_backoff()
-            .modify(strip)
-            .reflect(mrm_writer)
-            .map(|_| ());
+/// The catalog of `namespace` (ModuleTemplates, ModuleReleaseMetas, each read and its copy
+/// rendered for `sync_namespace` as it arrives) and the two catalog CRDs: their stores, and
+/// one stream that yields once per change.
+pub fn catalog(
+    kcp: &Client,
+    namespace: &str,
+    sync_namespace: &str,
+) -> (CatalogStores, impl Stream<Item = ()> + Send + 'static) {
+    let kind_stream = |kind: CatalogKind| {
+        let (mut writer, store) = EntryWriter::new(kind, sync_namespace);
+        let changes = watcher(
+            Api::<DynamicObject>::namespaced_with(kcp.clone(), namespace, &kind.api_resource()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .map_ok(move |event| writer.apply(&event))
+        .map(|_| ());
+        (store, changes)
+    };
+    let (mt_store, mts) = kind_stream(CatalogKind::ModuleTemplate);
+    let (mrm_store, mrms) = kind_stream(CatalogKind::ModuleReleaseMeta);
     let crd_api: Api<CustomResourceDefinition> = Api::all(kcp.clone());
     let mut crd_stores = Vec::new();
     // Each CRD is watched by name: a watcher's re-list replaces its whole store.

@@ -28,7 +28,7 @@ pub use desired::{
     explain,
 };
 pub use plan::{KindMemory, Observed, Orphan, Plan, plan, plan_from_memory};
-pub use snapshot::{MrmView, MtView, Snapshot};
+pub use snapshot::{Entry, MrmView, MtView, Snapshot};
 
 /// The two catalog kinds, used as keys and as bounded metric labels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

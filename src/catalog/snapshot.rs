@@ -1,4 +1,4 @@
-//! Trimmed, comparable views of the KCP catalog, built from the reflector stores (pure).
+//! Trimmed, comparable views of the KCP catalog, each KCP object read and rendered once (pure).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -133,6 +133,48 @@ struct MrmSpecView {
     kyma_selector: Option<Value>,
 }
 
+/// One KCP catalog object as the snapshot takes it in, read and rendered once.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    /// A ModuleTemplate.
+    Template(Arc<MtView>),
+    /// An old-style ModuleTemplate (a `spec` without `moduleName`), by name.
+    OldStyleTemplate(String),
+    /// A ModuleReleaseMeta.
+    ReleaseMeta(Arc<MrmView>),
+    /// An object that could not be read.
+    Malformed(Malformed),
+}
+
+impl Entry {
+    /// Reads a KCP ModuleTemplate and renders its copy for `sync_namespace`.
+    pub fn template(obj: &DynamicObject, sync_namespace: &str) -> Entry {
+        if is_old_style(obj) {
+            return Entry::OldStyleTemplate(obj.metadata.name.clone().unwrap_or_default());
+        }
+        match MtView::from_object(obj, sync_namespace) {
+            Ok(view) => Entry::Template(Arc::new(view)),
+            Err(reason) => Entry::Malformed(Malformed {
+                kind: CatalogKind::ModuleTemplate,
+                name: obj.metadata.name.clone().unwrap_or_default(),
+                reason,
+            }),
+        }
+    }
+
+    /// Reads a KCP ModuleReleaseMeta and renders its copy for `sync_namespace`.
+    pub fn release_meta(obj: &DynamicObject, sync_namespace: &str) -> Entry {
+        match MrmView::from_object(obj, sync_namespace) {
+            Ok(view) => Entry::ReleaseMeta(Arc::new(view)),
+            Err(reason) => Entry::Malformed(Malformed {
+                kind: CatalogKind::ModuleReleaseMeta,
+                name: obj.metadata.name.clone().unwrap_or_default(),
+                reason,
+            }),
+        }
+    }
+}
+
 impl Snapshot {
     /// Builds a snapshot from the KCP objects, rendering each copy for `sync_namespace`.
     /// Objects that do not parse are recorded in [`Snapshot::malformed`] and left out.
@@ -141,33 +183,25 @@ impl Snapshot {
         release_metas: impl IntoIterator<Item = &'a DynamicObject>,
         sync_namespace: &str,
     ) -> Snapshot {
+        let templates = templates.into_iter().map(|obj| Entry::template(obj, sync_namespace));
+        let release_metas = release_metas.into_iter().map(|obj| Entry::release_meta(obj, sync_namespace));
+        Snapshot::from_entries(templates.chain(release_metas))
+    }
+
+    /// Builds a snapshot from objects already read ([`Entry::template`],
+    /// [`Entry::release_meta`]): nothing is parsed or rendered again.
+    pub fn from_entries(entries: impl IntoIterator<Item = Entry>) -> Snapshot {
         let mut snap = Snapshot::default();
-        for obj in templates {
-            if is_old_style(obj) {
-                snap.unnamed_templates.push(obj.metadata.name.clone().unwrap_or_default());
-                continue;
-            }
-            match MtView::from_object(obj, sync_namespace) {
-                Ok(view) => {
-                    snap.templates.insert(view.name.clone(), Arc::new(view));
+        for entry in entries {
+            match entry {
+                Entry::Template(view) => {
+                    snap.templates.insert(view.name.clone(), view);
                 }
-                Err(reason) => snap.malformed.push(Malformed {
-                    kind: CatalogKind::ModuleTemplate,
-                    name: obj.metadata.name.clone().unwrap_or_default(),
-                    reason,
-                }),
-            }
-        }
-        for obj in release_metas {
-            match MrmView::from_object(obj, sync_namespace) {
-                Ok(view) => {
-                    snap.release_metas.insert(view.name.clone(), Arc::new(view));
+                Entry::OldStyleTemplate(name) => snap.unnamed_templates.push(name),
+                Entry::ReleaseMeta(view) => {
+                    snap.release_metas.insert(view.name.clone(), view);
                 }
-                Err(reason) => snap.malformed.push(Malformed {
-                    kind: CatalogKind::ModuleReleaseMeta,
-                    name: obj.metadata.name.clone().unwrap_or_default(),
-                    reason,
-                }),
+                Entry::Malformed(malformed) => snap.malformed.push(malformed),
             }
         }
         snap

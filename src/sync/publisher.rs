@@ -32,8 +32,6 @@ pub struct PublisherContext {
     pub kymas: Arc<KymaRecords>,
     /// Metrics.
     pub metrics: Metrics,
-    /// `--sync-namespace`.
-    pub sync_namespace: String,
     /// `--restricted-modules`.
     pub restricted_modules: BTreeSet<String>,
     /// The shrink guard applied before a state is published (`None`: every state is).
@@ -80,12 +78,12 @@ pub async fn run_catalog_loop(
     let mut first = true;
     loop {
         let state = if std::mem::take(&mut first) {
-            stores.state(&ctx.sync_namespace)
+            stores.state()
         } else {
             match next_wake(&mut changes, ctx.debounce, gate.recheck_at()).await {
                 Wake::Ended => return,
                 Wake::Changed(mut settled) => {
-                    let mut state = stores.state(&ctx.sync_namespace);
+                    let mut state = stores.state();
                     // A burst the debounce cap cut short that takes objects away (a long
                     // `kubectl delete --all`) is decided once it is over, as a whole: cut
                     // into parts, each part could stay within the shrink threshold.
@@ -94,7 +92,7 @@ pub async fn run_catalog_loop(
                         if settled == Settled::Ended {
                             return;
                         }
-                        state = stores.state(&ctx.sync_namespace);
+                        state = stores.state();
                     }
                     state
                 }
@@ -264,6 +262,8 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
+    use crate::fixtures::SYNC_NAMESPACE;
+    use crate::sync::state::EntryWriter;
 
     const DEBOUNCE: Duration = Duration::from_millis(500);
 
@@ -327,7 +327,6 @@ mod tests {
             view: crate::sharding::ShardView::single_replica(),
             kymas: Arc::new(KymaRecords::new(metrics.sync.clone(), metrics.skr.clone())),
             metrics,
-            sync_namespace: crate::fixtures::SYNC_NAMESPACE.to_owned(),
             restricted_modules: BTreeSet::new(),
             guard: None,
             debounce: DEBOUNCE,
@@ -340,21 +339,21 @@ mod tests {
         use kube::runtime::watcher::Event;
 
         // Catalog stores, listed (empty) as a watch would.
-        let mut templates = reflector::store::Writer::new(CatalogKind::ModuleTemplate.api_resource());
-        let mut release_metas = reflector::store::Writer::new(CatalogKind::ModuleReleaseMeta.api_resource());
+        let (mut templates, template_store) = EntryWriter::new(CatalogKind::ModuleTemplate, SYNC_NAMESPACE);
+        let (mut release_metas, release_meta_store) = EntryWriter::new(CatalogKind::ModuleReleaseMeta, SYNC_NAMESPACE);
         let mut crd_writers: Vec<reflector::store::Writer<CustomResourceDefinition>> =
             (0..2).map(|_| reflector::store::Writer::default()).collect();
         for writer in [&mut templates, &mut release_metas] {
-            writer.apply_watcher_event(&Event::Init);
-            writer.apply_watcher_event(&Event::InitDone);
+            writer.apply(&Event::Init);
+            writer.apply(&Event::InitDone);
         }
         for writer in &mut crd_writers {
             writer.apply_watcher_event(&Event::Init);
             writer.apply_watcher_event(&Event::InitDone);
         }
         let stores = CatalogStores {
-            templates: templates.as_reader(),
-            release_metas: release_metas.as_reader(),
+            templates: template_store,
+            release_metas: release_meta_store,
             crds: crd_writers.iter().map(reflector::store::Writer::as_reader).collect(),
         };
         let (kymas, _kyma_writer) = reflector::store::<Kyma>();
@@ -381,7 +380,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             let writer = if i < 2 { &mut templates } else { &mut release_metas };
-            writer.apply_watcher_event(&Event::Apply(object.clone()));
+            writer.apply(&Event::Apply(object.clone()));
             tx.unbounded_send(()).expect("the loop runs");
         }
 
