@@ -245,8 +245,10 @@ pub struct RunArgs {
     #[arg(long, env = "CATALOGSYNC_CATALOG_DEBOUNCE", default_value = "500ms", value_parser = parse_duration, help_heading = "Sync")]
     pub catalog_debounce: Duration,
 
-    /// Most SKRs this replica syncs at the same time.
-    #[arg(long, env = "CATALOGSYNC_CONCURRENCY", default_value = "64", help_heading = "Sync")]
+    /// Most SKRs this replica syncs at the same time. A catalog change to a warm SKR costs
+    /// one apply per changed object and mostly waits for the SKR, so many syncs run at once;
+    /// what takes memory is bounded on its own (--apply-concurrency, --full-list-concurrency).
+    #[arg(long, env = "CATALOGSYNC_CONCURRENCY", default_value = "256", help_heading = "Sync")]
     pub concurrency: u16,
 
     /// Most requests in flight to one SKR at the same time.
@@ -259,6 +261,12 @@ pub struct RunArgs {
     /// bounds memory when many SKRs sync cold at once (start-up, shard takeover).
     #[arg(long, env = "CATALOGSYNC_FULL_LIST_CONCURRENCY", default_value = "8", help_heading = "Sync")]
     pub full_list_concurrency: usize,
+
+    /// Most applies to SKRs this replica has in flight at the same time, over all SKRs. Each
+    /// holds its body (a ModuleTemplate copy is about 30 KB), so this bounds memory when many
+    /// SKRs need many objects at once (a first start on empty SKRs).
+    #[arg(long, env = "CATALOGSYNC_APPLY_CONCURRENCY", default_value = "256", help_heading = "Sync")]
+    pub apply_concurrency: usize,
 
     /// Timeout of one request to an SKR (connect, send and read).
     #[arg(long, env = "CATALOGSYNC_SKR_REQUEST_TIMEOUT", default_value = "3s", value_parser = parse_duration, help_heading = "Sync")]
@@ -356,7 +364,11 @@ impl RunArgs {
         if self.resync_period.is_zero() {
             return Err(ConfigError::ResyncPeriodZero);
         }
-        if self.concurrency == 0 || self.skr_concurrency == 0 || self.full_list_concurrency == 0 {
+        if self.concurrency == 0
+            || self.skr_concurrency == 0
+            || self.full_list_concurrency == 0
+            || self.apply_concurrency == 0
+        {
             return Err(ConfigError::ConcurrencyZero);
         }
         if self.backoff_min > self.backoff_max {
@@ -398,7 +410,7 @@ pub enum ConfigError {
     #[error("--resync-period must be positive")]
     ResyncPeriodZero,
     /// A concurrency flag is zero.
-    #[error("--concurrency, --skr-concurrency and --full-list-concurrency must be at least 1")]
+    #[error("--concurrency, --skr-concurrency, --full-list-concurrency and --apply-concurrency must be at least 1")]
     ConcurrencyZero,
     /// `--backoff-min` exceeds `--backoff-max`.
     #[error("--backoff-min must not exceed --backoff-max")]

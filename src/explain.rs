@@ -397,6 +397,7 @@ async fn observe_skr(
         .expect("a new registry holds no metric yet");
     let never_write = || false;
     let full_lists = tokio::sync::Semaphore::new(1);
+    let applies = tokio::sync::Semaphore::new(1);
     let target = SkrTarget {
         client: &client,
         namespace: &args.catalog.sync_namespace,
@@ -405,6 +406,7 @@ async fn observe_skr(
         metrics: &metrics,
         may_write: &never_write,
         full_lists: &full_lists,
+        applies: &applies,
         trust_memory_for: Duration::ZERO,
     };
     tokio::time::timeout(args.sync_timeout, target.observe())

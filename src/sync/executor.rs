@@ -130,6 +130,9 @@ pub struct SkrTarget<'a> {
     /// Permits for full lists, shared by all syncs of the replica: a full list holds every
     /// copy of a kind in memory (about 2 MB of JSON for a catalog of 25 modules).
     pub full_lists: &'a tokio::sync::Semaphore,
+    /// Permits for applies, shared by all syncs of the replica: each apply in flight holds
+    /// its body.
+    pub applies: &'a tokio::sync::Semaphore,
     /// How long after a sync that listed every kind the syncs of the warm SKR trust its
     /// memory and do not list (the resync period; zero: list on every sync). See
     /// [`crate::catalog::plan_from_memory`].
@@ -292,6 +295,8 @@ impl SkrTarget<'_> {
 
         let results: Vec<Result<(String, String, u64)>> = stream::iter(plan.apply.clone())
             .map(|obj: crate::catalog::DesiredObject| async move {
+                // A closed semaphore (never closed) would only mean no bound.
+                let _permit = self.applies.acquire().await.ok();
                 let rv = self.apply_one(kind, &obj).await?;
                 Ok((obj.name.clone(), rv, obj.hash))
             })
@@ -801,6 +806,8 @@ mod tests {
     ) -> (Result<()>, SyncReport, crate::catalog::KindMemory, SkrClientMetrics) {
         let metrics = SkrClientMetrics::register(&prometheus::Registry::new()).expect("metrics");
         let full_lists = tokio::sync::Semaphore::new(1);
+    let applies = tokio::sync::Semaphore::new(1);
+        let applies = tokio::sync::Semaphore::new(1);
         let may_write = || true;
         let target = SkrTarget {
             client,
@@ -810,6 +817,7 @@ mod tests {
             metrics: &metrics,
             may_write: &may_write,
             full_lists: &full_lists,
+            applies: &applies,
             trust_memory_for: Duration::ZERO,
         };
         let mut memory = crate::catalog::KindMemory::new();
@@ -878,6 +886,8 @@ mod tests {
         let client = SkrClient::new(kube::Client::new(service, "default"), 1 << 20);
         let metrics = SkrClientMetrics::register(&prometheus::Registry::new()).expect("metrics");
         let full_lists = tokio::sync::Semaphore::new(1);
+    let applies = tokio::sync::Semaphore::new(1);
+        let applies = tokio::sync::Semaphore::new(1);
         let may_write = || true;
         let target = SkrTarget {
             client: &client,
@@ -887,6 +897,7 @@ mod tests {
             metrics: &metrics,
             may_write: &may_write,
             full_lists: &full_lists,
+            applies: &applies,
             trust_memory_for: Duration::ZERO,
         };
         let (object, copy) = desired_copy();

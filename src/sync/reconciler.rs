@@ -80,6 +80,8 @@ pub struct Context {
     pub shards: ShardView,
     /// Permits for full lists of SKR copies (`--full-list-concurrency`).
     pub full_lists: tokio::sync::Semaphore,
+    /// Permits for SKR applies in flight (`--apply-concurrency`).
+    pub applies: tokio::sync::Semaphore,
     /// What is known of each Kyma, shared with the catalog publisher.
     pub kymas: Arc<KymaRecords>,
 }
@@ -408,6 +410,7 @@ async fn visit_skr<T>(
         metrics: &ctx.metrics.skr,
         may_write: &may_write,
         full_lists: &ctx.full_lists,
+        applies: &ctx.applies,
         trust_memory_for: ctx.settings.resync_period,
     };
     work(&target, &mut state).await
