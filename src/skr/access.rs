@@ -3,7 +3,7 @@
 //! `operator.kyma-project.io/kyma-name=<kyma>`, data key `config`; zero or several such
 //! Secrets are an error for that Kyma only).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -133,7 +133,7 @@ pub fn find_access_secret<'a>(
 #[derive(Clone)]
 pub struct AccessSecrets {
     store: Store<PartialObjectMeta<Secret>>,
-    by_kyma: Arc<Mutex<HashMap<String, BTreeSet<String>>>>,
+    by_kyma: Arc<Mutex<HashMap<String, Vec<String>>>>,
 }
 
 impl AccessSecrets {
@@ -142,7 +142,7 @@ impl AccessSecrets {
         Self { store, by_kyma: Arc::default() }
     }
 
-    fn index(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeSet<String>>> {
+    fn index(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<String>>> {
         // Each critical section is a single map operation, so a poisoned map is consistent.
         self.by_kyma.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -152,7 +152,12 @@ impl AccessSecrets {
     pub fn note(&self, secret: &PartialObjectMeta<Secret>) {
         let kyma = secret.metadata.labels.as_ref().and_then(|l| l.get(KYMA_NAME_LABEL));
         if let (Some(kyma), Some(name)) = (kyma, secret.metadata.name.as_ref()) {
-            self.index().entry(kyma.clone()).or_default().insert(name.clone());
+            // A Kyma has one Secret, rarely two: a short vector costs a fraction of a set.
+            let mut index = self.index();
+            let names = index.entry(kyma.clone()).or_default();
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
         }
     }
 
@@ -162,7 +167,7 @@ impl AccessSecrets {
         if let (Some(kyma), Some(name)) = (kyma, secret.metadata.name.as_ref()) {
             let mut index = self.index();
             if let Some(names) = index.get_mut(kyma) {
-                names.remove(name);
+                names.retain(|n| n != name);
                 if names.is_empty() {
                     index.remove(kyma);
                 }

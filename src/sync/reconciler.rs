@@ -117,15 +117,26 @@ fn skip_reason(kyma: &Kyma) -> Option<SkipReason> {
     }
 }
 
-/// Keeps only what the controller needs of a Kyma in the cache: identity, labels,
-/// generation, deletion timestamp, the `ModuleCatalog` condition and which field managers own
-/// it. A Kyma's status and
-/// managed fields are large; 5,000 of them would otherwise dominate memory.
+/// Keeps only what the controller needs of a Kyma in the cache: identity (name, namespace,
+/// uid, resourceVersion for Events), labels, generation, deletion timestamp, the
+/// `ModuleCatalog` condition and which field managers own it. Every replica caches every Kyma
+/// of the fleet, held or not; a Kyma's status, annotations, finalizers and managed fields
+/// would otherwise dominate its memory.
 pub fn trim(kyma: &mut Kyma) {
+    let meta = std::mem::take(&mut kyma.metadata);
     // Of the managed fields, only who owns the `ModuleCatalog` condition.
-    let owners = kyma.metadata.managed_fields.as_deref().map(condition::condition_owners).unwrap_or_default();
-    kyma.metadata.managed_fields = (!owners.is_empty()).then_some(owners);
-    kyma.metadata.annotations = None;
+    let owners = meta.managed_fields.as_deref().map(condition::condition_owners).unwrap_or_default();
+    kyma.metadata = kube::api::ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        generation: meta.generation,
+        labels: meta.labels,
+        deletion_timestamp: meta.deletion_timestamp,
+        managed_fields: (!owners.is_empty()).then_some(owners),
+        ..kube::api::ObjectMeta::default()
+    };
     kyma.spec = Default::default();
     let condition = condition::current(kyma).cloned();
     kyma.status = Some(crate::api::KymaStatus { conditions: condition.map(|c| vec![c]), ..Default::default() });
@@ -493,10 +504,15 @@ mod tests {
         let mut k = Kyma::new("k", Default::default());
         k.metadata.labels = Some([("a".to_owned(), "b".to_owned())].into());
         k.metadata.annotations = Some([("big".to_owned(), "x".repeat(1000))].into());
+        k.metadata.finalizers = Some(vec!["operator.kyma-project.io/Kyma".into()]);
+        k.metadata.uid = Some("u".into());
+        k.metadata.generation = Some(3);
         k.spec.channel = Some("regular".into());
         k.status = Some(crate::api::KymaStatus { state: Some("Ready".into()), ..Default::default() });
         trim(&mut k);
         assert!(k.metadata.annotations.is_none());
+        assert!(k.metadata.finalizers.is_none());
+        assert_eq!((k.metadata.uid.as_deref(), k.metadata.generation), (Some("u"), Some(3)));
         assert_eq!(k.spec, Default::default());
         assert_eq!(k.status, Some(Default::default()));
         assert_eq!(k.labels().get("a").map(String::as_str), Some("b"));
