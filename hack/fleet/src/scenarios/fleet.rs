@@ -45,6 +45,7 @@ pub(super) async fn fleet(args: &RunArgs, dir: &Path, report: &mut Report) -> Re
         replicas: 3,
         seconds: rollout_first,
         what: "new SKRs (empty catalogs)".into(),
+        traffic: None,
     }];
     if n > first {
         eprintln!("growing to {n} Kymas");
@@ -61,6 +62,7 @@ pub(super) async fn fleet(args: &RunArgs, dir: &Path, report: &mut Report) -> Re
                 replicas: 3,
                 seconds: t.elapsed().as_secs_f64(),
                 what: "Kymas created while running (creation time included)".into(),
+                traffic: None,
             },
         );
         push_row(&mut memory_rows, "memory", MemoryRow::new(n, 3, &bench.replica_samples()));

@@ -134,9 +134,12 @@ pub(super) async fn cold_run(
 ) -> Result<ColdRun> {
     eprintln!("propagation with {replicas} replica(s): cold start");
     let ids = replica_ids(replicas, 10 * replicas);
+    bench.sim()?.admin.reset().await?;
     let cold = start_replicas(bench, &ids, &[], Duration::from_secs(900)).await?;
     let kymas = bench.kymas.len();
-    let rollout = RolloutRow { kymas, added: false, replicas, seconds: cold, what: what.into() };
+    // Until every SKR synced once: the cold syncs alone (resyncs come a period later).
+    let traffic = Some(traffic(bench).await?);
+    let rollout = RolloutRow { kymas, added: false, replicas, seconds: cold, what: what.into(), traffic };
     let props = props(bench, args, replicas, tag).await?;
     let memory = MemoryRow::new(kymas, replicas, &bench.replica_samples());
     bench.terminate_all().await?;

@@ -54,7 +54,7 @@ impl Traffic {
     }
 
     /// The "by verb" cell.
-    fn verbs(&self) -> String {
+    pub fn verbs(&self) -> String {
         let mut verbs: Vec<String> = self.by_verb.iter().map(|(k, v)| format!("{k} {v}")).collect();
         verbs.push(format!("TLS handshakes {} ({} resumed)", self.handshakes, self.resumed_handshakes));
         verbs.join(", ")
@@ -84,17 +84,24 @@ pub struct RolloutRow {
     pub seconds: f64,
     /// What was started.
     pub what: String,
+    /// The simulator's traffic meanwhile, where it was measured alone.
+    pub traffic: Option<Traffic>,
 }
 
 impl RolloutRow {
     /// The table's header.
-    pub const HEADER: [&str; 4] = ["Kymas", "replicas", "seconds until every SKR synced", "what"];
+    pub const HEADER: [&str; 7] =
+        ["Kymas", "replicas", "seconds until every SKR synced", "SKR requests / SKR", "SKR writes", "by verb", "what"];
 }
 
 impl Row for RolloutRow {
     fn cells(&self) -> Vec<String> {
         let kymas = if self.added { format!("+{}", self.kymas) } else { self.kymas.to_string() };
-        vec![kymas, self.replicas.to_string(), f1(self.seconds), self.what.clone()]
+        let (per_skr, writes, verbs) = match &self.traffic {
+            Some(t) => (f2(t.requests as f64 / t.skrs.max(1) as f64), t.writes.to_string(), t.verbs()),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        vec![kymas, self.replicas.to_string(), f1(self.seconds), per_skr, writes, verbs, self.what.clone()]
     }
 }
 
@@ -778,8 +785,8 @@ mod tests {
 
     #[test]
     fn added_kymas_are_shown_with_a_plus() {
-        let row = RolloutRow { kymas: 4000, added: true, replicas: 3, seconds: 61.26, what: "grown".into() };
-        assert_eq!(row.cells(), ["+4000", "3", "61.3", "grown"]);
+        let row = RolloutRow { kymas: 4000, added: true, replicas: 3, seconds: 61.26, what: "grown".into(), traffic: None };
+        assert_eq!(row.cells(), ["+4000", "3", "61.3", "-", "-", "-", "grown"]);
     }
 
     #[test]
