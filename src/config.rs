@@ -246,10 +246,16 @@ pub struct RunArgs {
     pub catalog_debounce: Duration,
 
     /// Most SKRs this replica syncs at the same time. A catalog change to a warm SKR costs
-    /// one apply per changed object and mostly waits for the SKR, so many syncs run at once;
-    /// what takes memory is bounded on its own (--apply-concurrency, --full-list-concurrency).
-    #[arg(long, env = "CATALOGSYNC_CONCURRENCY", default_value = "256", help_heading = "Sync")]
+    /// one apply per changed object and mostly waits for the SKR, so many such syncs run at
+    /// once; the syncs that list the SKR are bounded by --listing-concurrency.
+    #[arg(long, env = "CATALOGSYNC_CONCURRENCY", default_value = "128", help_heading = "Sync")]
     pub concurrency: u16,
+
+    /// Most syncs at the same time that list the SKR: every sync but a catalog change to a
+    /// warm SKR (first syncs by this replica, resyncs, retries after a failure). Such a sync
+    /// holds more (lists, often many applies, its connections) for longer.
+    #[arg(long, env = "CATALOGSYNC_LISTING_CONCURRENCY", default_value = "64", help_heading = "Sync")]
+    pub listing_concurrency: usize,
 
     /// Most requests in flight to one SKR at the same time.
     #[arg(long, env = "CATALOGSYNC_SKR_CONCURRENCY", default_value = "4", help_heading = "Sync")]
@@ -264,7 +270,7 @@ pub struct RunArgs {
 
     /// Most applies to SKRs this replica has in flight at the same time, over all SKRs. Each
     /// holds its body (a ModuleTemplate copy is about 30 KB), so this bounds memory when many
-    /// SKRs need many objects at once (a first start on empty SKRs).
+    /// SKRs need many objects at once (a release). At least --skr-concurrency.
     #[arg(long, env = "CATALOGSYNC_APPLY_CONCURRENCY", default_value = "256", help_heading = "Sync")]
     pub apply_concurrency: usize,
 
@@ -368,8 +374,12 @@ impl RunArgs {
             || self.skr_concurrency == 0
             || self.full_list_concurrency == 0
             || self.apply_concurrency == 0
+            || self.listing_concurrency == 0
         {
             return Err(ConfigError::ConcurrencyZero);
+        }
+        if self.apply_concurrency < self.skr_concurrency {
+            return Err(ConfigError::ApplyConcurrencyBelowSkr);
         }
         if self.backoff_min > self.backoff_max {
             return Err(ConfigError::BackoffMinAboveMax);
@@ -410,8 +420,15 @@ pub enum ConfigError {
     #[error("--resync-period must be positive")]
     ResyncPeriodZero,
     /// A concurrency flag is zero.
-    #[error("--concurrency, --skr-concurrency, --full-list-concurrency and --apply-concurrency must be at least 1")]
+    #[error(
+        "--concurrency, --listing-concurrency, --skr-concurrency, --full-list-concurrency and --apply-concurrency must be at least 1"
+    )]
     ConcurrencyZero,
+    /// `--apply-concurrency` is below `--skr-concurrency`.
+    #[error(
+        "--apply-concurrency must be at least --skr-concurrency: one sync takes the permits for its applies at once"
+    )]
+    ApplyConcurrencyBelowSkr,
     /// `--backoff-min` exceeds `--backoff-max`.
     #[error("--backoff-min must not exceed --backoff-max")]
     BackoffMinAboveMax,
@@ -626,6 +643,23 @@ mod tests {
             let err = parse(&[&flag]).validate().expect_err(bad).to_string();
             assert!(err.contains("--catalog-shrink-threshold"), "{err}");
         }
+    }
+
+    #[test]
+    fn concurrency_bounds_are_checked() {
+        let parse = |flags: &[&str]| {
+            let cli = Cli::try_parse_from(["catalogsync", "run"].iter().chain(flags)).expect("flags parse");
+            let Command::Run(args) = cli.command else { unreachable!("run was given") };
+            args.validate()
+        };
+        assert_eq!(parse(&[]), Ok(()));
+        assert_eq!(parse(&["--listing-concurrency", "0"]), Err(ConfigError::ConcurrencyZero));
+        assert_eq!(parse(&["--apply-concurrency", "4", "--skr-concurrency", "4"]), Ok(()));
+        assert_eq!(
+            parse(&["--apply-concurrency", "3", "--skr-concurrency", "4"]),
+            Err(ConfigError::ApplyConcurrencyBelowSkr),
+            "one sync takes up to --skr-concurrency apply permits at once"
+        );
     }
 
     #[test]

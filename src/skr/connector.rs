@@ -29,6 +29,19 @@ pub struct SkrState {
     pub memory: BTreeMap<CatalogKind, KindMemory>,
 }
 
+/// How much sooner than the trust period a sync stops trusting memory: the resync that
+/// [`crate::sync::executor::SyncReport::verify_in`] schedules always finds it expired and
+/// lists.
+pub const TRUST_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl SkrState {
+    /// Whether a sync now may plan from memory alone: the SKR is warm and a sync listed
+    /// every kind less than `trust_for` (minus [`TRUST_MARGIN`]) ago.
+    pub fn trusts_memory(&self, trust_for: std::time::Duration) -> bool {
+        self.warm && self.verified_at.is_some_and(|at| at.elapsed() + TRUST_MARGIN < trust_for)
+    }
+}
+
 /// A cached SKR access with its sync state.
 pub struct SkrEntry {
     /// `uid/resourceVersion` of the Secret the access was read from.

@@ -131,17 +131,14 @@ pub struct SkrTarget<'a> {
     /// copy of a kind in memory (about 2 MB of JSON for a catalog of 25 modules).
     pub full_lists: &'a tokio::sync::Semaphore,
     /// Permits for applies, shared by all syncs of the replica: each apply in flight holds
-    /// its body.
+    /// its body. A sync takes the permits for its applies of one kind at once (up to
+    /// `concurrency`) and keeps them until they are done.
     pub applies: &'a tokio::sync::Semaphore,
     /// How long after a sync that listed every kind the syncs of the warm SKR trust its
     /// memory and do not list (the resync period; zero: list on every sync). See
     /// [`crate::catalog::plan_from_memory`].
     pub trust_memory_for: Duration,
 }
-
-/// How much sooner than [`SkrTarget::trust_memory_for`] a sync stops trusting memory: the
-/// resync that [`SyncReport::verify_in`] schedules always finds it expired and lists.
-const TRUST_MARGIN: Duration = Duration::from_secs(1);
 
 fn apply_params() -> PatchParams {
     PatchParams::apply(SKR_FIELD_MANAGER).force()
@@ -225,11 +222,6 @@ impl SkrTarget<'_> {
         })
     }
 
-    /// Whether a sync of an SKR in `state` may plan from memory alone.
-    fn trusts_memory(&self, state: &SkrState) -> bool {
-        state.warm && state.verified_at.is_some_and(|at| at.elapsed() + TRUST_MARGIN < self.trust_memory_for)
-    }
-
     async fn sync_inner(&self, desired: &DesiredSet, crds: &SkrCrds, state: &mut SkrState) -> Result<SyncReport> {
         let mut report = SyncReport::default();
         if !state.warm {
@@ -240,7 +232,7 @@ impl SkrTarget<'_> {
             state.crd_hash = Some(crds.hash);
         }
         let mut first_error = None;
-        let trusted = self.trusts_memory(state);
+        let trusted = state.trusts_memory(self.trust_memory_for);
         let mut listed_all = true;
         for kind in CatalogKind::ALL {
             let memory = state.memory.entry(kind).or_default();
@@ -293,10 +285,17 @@ impl SkrTarget<'_> {
         }
         *report.unchanged.entry(kind).or_default() += plan.unchanged.len();
 
+        // Taken at once, so the applies of one sync run at its full concurrency (on the
+        // connections it opened) instead of each waiting for a permit of its own. A closed
+        // semaphore (it never closes) would only mean no bound.
+        // `--apply-concurrency` is at least `--skr-concurrency` (checked at start-up).
+        let wanted = plan.apply.len().min(self.concurrency);
+        let _permits = match u32::try_from(wanted) {
+            Ok(n) if n > 0 => self.applies.acquire_many(n).await.ok(),
+            _ => None,
+        };
         let results: Vec<Result<(String, String, u64)>> = stream::iter(plan.apply.clone())
             .map(|obj: crate::catalog::DesiredObject| async move {
-                // A closed semaphore (never closed) would only mean no bound.
-                let _permit = self.applies.acquire().await.ok();
                 let rv = self.apply_one(kind, &obj).await?;
                 Ok((obj.name.clone(), rv, obj.hash))
             })
@@ -806,8 +805,7 @@ mod tests {
     ) -> (Result<()>, SyncReport, crate::catalog::KindMemory, SkrClientMetrics) {
         let metrics = SkrClientMetrics::register(&prometheus::Registry::new()).expect("metrics");
         let full_lists = tokio::sync::Semaphore::new(1);
-    let applies = tokio::sync::Semaphore::new(1);
-        let applies = tokio::sync::Semaphore::new(1);
+        let applies = tokio::sync::Semaphore::new(4);
         let may_write = || true;
         let target = SkrTarget {
             client,
@@ -886,8 +884,7 @@ mod tests {
         let client = SkrClient::new(kube::Client::new(service, "default"), 1 << 20);
         let metrics = SkrClientMetrics::register(&prometheus::Registry::new()).expect("metrics");
         let full_lists = tokio::sync::Semaphore::new(1);
-    let applies = tokio::sync::Semaphore::new(1);
-        let applies = tokio::sync::Semaphore::new(1);
+        let applies = tokio::sync::Semaphore::new(4);
         let may_write = || true;
         let target = SkrTarget {
             client: &client,

@@ -276,6 +276,13 @@ impl KymaRecords {
         Ok(entry)
     }
 
+    /// Whether the next sync of `kyma`'s SKR may plan from memory alone
+    /// ([`crate::skr::SkrState::trusts_memory`]); false while a sync of it holds its state.
+    pub fn trusts_memory(&self, kyma: &str, trust_for: std::time::Duration) -> bool {
+        let entry = self.lock().by_kyma.get(kyma).and_then(|r| r.skr.clone());
+        entry.is_some_and(|e| e.state.try_lock().is_ok_and(|state| state.trusts_memory(trust_for)))
+    }
+
     /// Drops the access to `kyma`'s SKR, counting why.
     pub fn evict_skr(&self, kyma: &str, reason: EvictionReason) {
         let (evicted, cached) = {

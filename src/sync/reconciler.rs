@@ -82,6 +82,8 @@ pub struct Context {
     pub full_lists: tokio::sync::Semaphore,
     /// Permits for SKR applies in flight (`--apply-concurrency`).
     pub applies: tokio::sync::Semaphore,
+    /// Permits for syncs that list the SKR (`--listing-concurrency`).
+    pub listing: tokio::sync::Semaphore,
     /// What is known of each Kyma, shared with the catalog publisher.
     pub kymas: Arc<KymaRecords>,
 }
@@ -231,6 +233,13 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     } else {
         ctx.kymas.set_contested(&name, shard, false);
     }
+    // Taken before the sync timeout starts. A sync whose SKR stops being trusted after this
+    // check lists without a permit; that is rare and still bounded by --concurrency.
+    let _listing = if ctx.settings.mode == Mode::Active && ctx.kymas.trusts_memory(&name, ctx.settings.resync_period) {
+        None
+    } else {
+        ctx.listing.acquire().await.ok()
+    };
     if ctx.settings.mode == Mode::Shadow {
         return shadow(&kyma, shard, &ctx).await;
     }
