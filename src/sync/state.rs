@@ -150,7 +150,8 @@ impl EntryWriter {
             CatalogKind::ModuleTemplate => Entry::template,
             CatalogKind::ModuleReleaseMeta => Entry::release_meta,
         };
-        let writer = EntryWriter { entries: Arc::clone(&entries), ready, read, sync_namespace: sync_namespace.to_owned() };
+        let writer =
+            EntryWriter { entries: Arc::clone(&entries), ready, read, sync_namespace: sync_namespace.to_owned() };
         (writer, EntryStore { entries, ready: ready_rx })
     }
 

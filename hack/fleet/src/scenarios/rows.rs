@@ -785,7 +785,8 @@ mod tests {
 
     #[test]
     fn added_kymas_are_shown_with_a_plus() {
-        let row = RolloutRow { kymas: 4000, added: true, replicas: 3, seconds: 61.26, what: "grown".into(), traffic: None };
+        let row =
+            RolloutRow { kymas: 4000, added: true, replicas: 3, seconds: 61.26, what: "grown".into(), traffic: None };
         assert_eq!(row.cells(), ["+4000", "3", "61.3", "-", "-", "-", "grown"]);
     }
 
