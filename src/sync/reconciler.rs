@@ -219,7 +219,8 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     };
 
     let shard = in_flight.shard();
-    if let Some(manager) = condition::contested_by(&kyma) {
+    let contested = condition::contested_by(&kyma);
+    if let Some(manager) = contested {
         if ctx.kymas.set_contested(&name, shard, true) {
             info!(
                 %manager,
@@ -279,7 +280,7 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
                 message: "the SKR holds the desired module catalog".into(),
                 observed_generation: kyma.metadata.generation,
             };
-            write_condition(&kyma, &wanted, &ctx).await?;
+            write_condition(&kyma, &wanted, contested.is_some(), &ctx).await?;
             // The resync lists the SKR again once its memory is no longer trusted, so drift
             // is repaired within a resync period of the last list however often the catalog
             // changes in between.
@@ -292,11 +293,7 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
             Ok(Action::await_change())
         }
         Err(err) => {
-            ctx.metrics.sync.finished(shard, SyncOutcome::Failed(err.reason()));
-            ctx.kymas.finish(&name, None);
-            if err.evicts_client() {
-                ctx.kymas.evict_skr(&name, EvictionReason::Error);
-            }
+            finish_failed(&ctx, &name, shard, &err);
             warn!(reason = err.reason().as_str(), error = &err as &dyn std::error::Error, "Failed to sync catalog");
             let wanted = Wanted {
                 status: ConditionStatus::False,
@@ -304,7 +301,7 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
                 message: err.condition_message(),
                 observed_generation: kyma.metadata.generation,
             };
-            let changed = write_condition(&kyma, &wanted, &ctx).await?;
+            let changed = write_condition(&kyma, &wanted, contested.is_some(), &ctx).await?;
             if changed && err.needs_human() {
                 publish_event(&kyma, &wanted, &ctx).await;
             }
@@ -351,11 +348,7 @@ async fn shadow(kyma: &Kyma, shard: u32, ctx: &Context) -> Result<Action> {
             Ok(Action::requeue(jittered(ctx.settings.resync_period, ctx.settings.resync_jitter)))
         }
         Err(err) => {
-            ctx.metrics.sync.finished(shard, SyncOutcome::Failed(err.reason()));
-            ctx.kymas.finish(&name, None);
-            if err.evicts_client() {
-                ctx.kymas.evict_skr(&name, EvictionReason::Error);
-            }
+            finish_failed(ctx, &name, shard, &err);
             warn!(
                 reason = err.reason().as_str(),
                 error = &err as &dyn std::error::Error,
@@ -363,6 +356,16 @@ async fn shadow(kyma: &Kyma, shard: u32, ctx: &Context) -> Result<Action> {
             );
             Err(err)
         }
+    }
+}
+
+/// The bookkeeping of a failed visit, in either mode: counted, no catalog fingerprint kept,
+/// and the SKR's client and memory dropped when the error says they cannot be trusted.
+fn finish_failed(ctx: &Context, name: &str, shard: u32, err: &SyncError) {
+    ctx.metrics.sync.finished(shard, SyncOutcome::Failed(err.reason()));
+    ctx.kymas.finish(name, None);
+    if err.evicts_client() {
+        ctx.kymas.evict_skr(name, EvictionReason::Error);
     }
 }
 
@@ -437,12 +440,13 @@ async fn visit_skr<T>(
 }
 
 /// Writes the `ModuleCatalog` condition when it differs from the cached one and no other
-/// field manager keeps applying it. Returns whether it wrote.
-async fn write_condition(kyma: &Kyma, wanted: &Wanted, ctx: &Context) -> Result<bool> {
+/// field manager keeps applying it (`contested`, [`condition::contested_by`]). Returns
+/// whether it wrote.
+async fn write_condition(kyma: &Kyma, wanted: &Wanted, contested: bool, ctx: &Context) -> Result<bool> {
     let current = condition::current(kyma);
     // Another manager keeps applying it: writing would start a war (counted and reported
     // once, when the reconcile began).
-    if condition::is_current(current, wanted) || condition::contested_by(kyma).is_some() {
+    if condition::is_current(current, wanted) || contested {
         return Ok(false);
     }
     let body = condition::apply_body(kyma, current, wanted, Timestamp::now());
