@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use kube::ResourceExt;
 use kube::api::ListParams;
-use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use testenv::klm::{KlmCatalogWriter, KlmPass};
 use testenv::scenario::{MRM, MT, Scenario, mrm, mt};
@@ -91,21 +91,26 @@ async fn await_syncs(s: &Scenario, from: f64, n: f64) -> f64 {
     .await
 }
 
-fn klm_writer(
-    s: &Scenario,
-    skr: Client,
-    templates: BTreeSet<String>,
-    release_metas: BTreeSet<String>,
-) -> KlmCatalogWriter {
-    KlmCatalogWriter {
+/// A new SKR `name` and scenario `name` with the catalog and Kyma `k1`, the SKR set up and
+/// filled by KLM's writer (returned with its first pass), before catalogsync starts.
+async fn klm_filled_skr(name: &str) -> (ControlPlane, Scenario, KlmCatalogWriter, KlmPass) {
+    let skr = testenv::env().start_extra_skr(name).await.expect("start an SKR");
+    let s = Scenario::new(name).await.expect("scenario");
+    let (objects, templates, release_metas) = catalog();
+    s.apply_catalog(&objects).await.expect("catalog");
+    s.add_kyma("k1", &skr, &[]).await.expect("kyma");
+    let klm = KlmCatalogWriter {
         kcp: s.kcp.clone(),
         catalog_namespace: s.ns.clone(),
-        skr,
+        skr: skr.admin_client(),
         sync_namespace: s.sync_ns.clone(),
         templates,
         release_metas,
         channels: BTreeMap::new(),
-    }
+    };
+    klm.setup().await.expect("KLM setup");
+    let first = klm.pass().await.expect("KLM pass");
+    (skr, s, klm, first)
 }
 
 /// An SKR that KLM filled is adopted without one write; then KLM's passes and catalogsync's
@@ -114,16 +119,8 @@ fn klm_writer(
 #[tokio::test]
 async fn adopts_klm_copies_without_writes_and_does_not_flip_beside_klm() {
     let env = testenv::env();
-    let skr = env.start_extra_skr("klm-side").await.expect("start an SKR");
-    let mut s = Scenario::new("klm-side").await.expect("scenario");
-    let (objects, templates, release_metas) = catalog();
-    s.apply_catalog(&objects).await.expect("catalog");
-    s.add_kyma("k1", &skr, &[]).await.expect("kyma");
-    let klm = klm_writer(&s, skr.admin_client(), templates.clone(), release_metas.clone());
-
     // KLM's world: it set up the SKR and synced the catalog.
-    klm.setup().await.expect("KLM setup");
-    let first = klm.pass().await.expect("KLM pass");
+    let (skr, mut s, klm, first) = klm_filled_skr("klm-side").await;
     assert_eq!(first, KlmPass { applied: 6, deleted: 0 });
     let keda = s.skr_api(&skr, MT).get("keda-1.0.0").await.expect("KLM's copy");
     assert_eq!(keda.owner_references().len(), 1, "KLM keeps the KCP owner reference");
@@ -219,14 +216,7 @@ async fn await_gauge(s: &Scenario, name: &str, labels: &[&str], value: f64) {
 #[tokio::test]
 async fn shadow_mode_reports_agreement_and_writes_nothing() {
     let env = testenv::env();
-    let skr = env.start_extra_skr("klm-shadow").await.expect("start an SKR");
-    let mut s = Scenario::new("klm-shadow").await.expect("scenario");
-    let (objects, templates, release_metas) = catalog();
-    s.apply_catalog(&objects).await.expect("catalog");
-    s.add_kyma("k1", &skr, &[]).await.expect("kyma");
-    let klm = klm_writer(&s, skr.admin_client(), templates, release_metas);
-    klm.setup().await.expect("KLM setup");
-    klm.pass().await.expect("KLM pass");
+    let (skr, mut s, klm, _) = klm_filled_skr("klm-shadow").await;
 
     let (skr_mark, kcp_mark) = (skr.read_audit_events().len(), env.kcp.read_audit_events().len());
     s.start(&["--mode", "shadow", "--resync-period", RESYNC]).expect("start");
