@@ -212,6 +212,20 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
         debug!(reason = reason.as_str(), "Leaving Kyma alone");
         return Ok(Action::await_change());
     }
+    if !ctx.shards.owns(&namespace, &name) {
+        // Every replica reconciles every Kyma; the ones of other shards end here.
+        ctx.kymas.forget(&name, EvictionReason::Released);
+        return Ok(Action::await_change());
+    }
+    // Taken before the sync counts as in flight (a handover does not wait for syncs that
+    // wait for a permit; ownership is checked again after the wait) and before its timeout
+    // starts. A sync whose SKR stops being trusted after this check lists without a permit;
+    // that is rare and still bounded by --concurrency.
+    let _listing = if ctx.settings.mode == Mode::Active && ctx.kymas.trusts_memory(&name, ctx.settings.resync_period) {
+        None
+    } else {
+        ctx.listing.acquire().await.ok()
+    };
     // Counted as in flight until the end of the sync, so a shard handover waits for it.
     let Some(in_flight) = ctx.shards.begin(&namespace, &name) else {
         ctx.kymas.forget(&name, EvictionReason::Released);
@@ -234,13 +248,6 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     } else {
         ctx.kymas.set_contested(&name, shard, false);
     }
-    // Taken before the sync timeout starts. A sync whose SKR stops being trusted after this
-    // check lists without a permit; that is rare and still bounded by --concurrency.
-    let _listing = if ctx.settings.mode == Mode::Active && ctx.kymas.trusts_memory(&name, ctx.settings.resync_period) {
-        None
-    } else {
-        ctx.listing.acquire().await.ok()
-    };
     if ctx.settings.mode == Mode::Shadow {
         return shadow(&kyma, shard, &ctx).await;
     }
