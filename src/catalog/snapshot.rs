@@ -154,23 +154,19 @@ impl Entry {
         }
         match MtView::from_object(obj, sync_namespace) {
             Ok(view) => Entry::Template(Arc::new(view)),
-            Err(reason) => Entry::Malformed(Malformed {
-                kind: CatalogKind::ModuleTemplate,
-                name: obj.metadata.name.clone().unwrap_or_default(),
-                reason,
-            }),
+            Err(reason) => Entry::malformed(CatalogKind::ModuleTemplate, obj, reason),
         }
+    }
+
+    fn malformed(kind: CatalogKind, obj: &DynamicObject, reason: String) -> Entry {
+        Entry::Malformed(Malformed { kind, name: obj.metadata.name.clone().unwrap_or_default(), reason })
     }
 
     /// Reads a KCP ModuleReleaseMeta and renders its copy for `sync_namespace`.
     pub fn release_meta(obj: &DynamicObject, sync_namespace: &str) -> Entry {
         match MrmView::from_object(obj, sync_namespace) {
             Ok(view) => Entry::ReleaseMeta(Arc::new(view)),
-            Err(reason) => Entry::Malformed(Malformed {
-                kind: CatalogKind::ModuleReleaseMeta,
-                name: obj.metadata.name.clone().unwrap_or_default(),
-                reason,
-            }),
+            Err(reason) => Entry::malformed(CatalogKind::ModuleReleaseMeta, obj, reason),
         }
     }
 }

@@ -2,13 +2,11 @@
 //! from ([`CatalogStores`]), and the fingerprint a successful sync establishes.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 #[cfg(test)]
 use std::time::Duration;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::Store;
