@@ -32,6 +32,7 @@ use crate::sync::guard::ShrinkGuard;
 use crate::sync::kymas::KymaRecords;
 use crate::sync::publisher::PublisherContext;
 use crate::sync::publisher::run_catalog_loop;
+use crate::sync::recall::ShardMemory;
 use crate::sync::reconciler::{self, Context, Settings};
 use crate::sync::state::CatalogState;
 use crate::watches;
@@ -274,6 +275,10 @@ pub async fn run_with(
             for kyma in kymas {
                 released.evict_skr(&kyma.name, EvictionReason::Released);
             }
+        }),
+        // Shadow mode writes nothing but its Leases.
+        memory: (mode == Mode::Active).then(|| {
+            ShardMemory::new(Api::namespaced(kcp.clone(), &lease_namespace), kcp_request_timeout, Arc::clone(&kymas))
         }),
         metrics: metrics.clone(),
         debug: debug_tx,

@@ -298,8 +298,9 @@ pub struct RunArgs {
     #[arg(long, env = "CATALOGSYNC_SHARDS", default_value = "64", value_parser = clap::value_parser!(u32).range(1..=4096), help_heading = "Sharding")]
     pub shards: u32,
 
-    /// Namespace of the member, shard and coordinator Leases (the pod's namespace in a
-    /// cluster).
+    /// Namespace of the member, shard and coordinator Leases and of the shard records
+    /// (ConfigMaps catalogsync-shard-<n>-memory: what a replica keeps of a shard's SKRs for the
+    /// next holder), the pod's namespace in a cluster.
     #[arg(long, env = "POD_NAMESPACE", default_value = "catalogsync-system", help_heading = "Sharding")]
     pub lease_namespace: String,
 

@@ -77,18 +77,33 @@ async fn rbac_grants_exactly_what_catalogsync_uses() {
     .await;
     let status = s.catalogsync.as_mut().expect("running").terminate(Duration::from_secs(30)).await.expect("stop");
     assert!(status.success(), "catalogsync exited with {status}");
+    // What it released its shards with was written (so creating a ConfigMap with server-side
+    // apply needs no more than `patch`).
+    let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(s.kcp.clone(), &s.ns);
+    let kept = config_maps.list(&Default::default()).await.expect("list ConfigMaps");
+    assert!(
+        kept.items.iter().any(|cm| cm.data.as_ref().is_some_and(|d| d.values().any(|v| v.contains("\"good\"")))),
+        "a shard record names the synced Kyma: {:?}",
+        kept.items.iter().map(|cm| cm.metadata.name.clone()).collect::<Vec<_>>()
+    );
 
     let used: BTreeSet<Permission> = env.kcp.read_audit_events()[mark..]
         .iter()
         .filter(|e| e.user.username == testenv::CATALOGSYNC_USER && e.stage == "ResponseComplete")
         .filter(|e| e.namespace().is_none_or(|ns| ns == s.ns))
-        .filter_map(|e| {
-            let obj = e.object_ref.as_ref()?;
+        .flat_map(|e| {
+            let Some(obj) = e.object_ref.as_ref() else { return Vec::new() };
             let resource = match &obj.subresource {
                 Some(sub) => format!("{}/{sub}", obj.resource),
                 None => obj.resource.clone(),
             };
-            Some((obj.api_group.clone().unwrap_or_default(), resource, e.verb.clone()))
+            let group = obj.api_group.clone().unwrap_or_default();
+            let mut verbs = vec![e.verb.clone()];
+            // A server-side apply that created its object was authorized as a create too.
+            if e.verb == "patch" && e.response_status.as_ref().is_some_and(|s| s.code == 201) {
+                verbs.push("create".to_owned());
+            }
+            verbs.into_iter().map(|verb| (group.clone(), resource.clone(), verb)).collect()
         })
         .collect();
     let granted = granted();

@@ -578,3 +578,125 @@ async fn a_catalog_change_to_a_warm_skr_costs_one_write_per_changed_copy() {
         "the SKR requests of one MT change"
     );
 }
+
+/// The SKR requests `kyma`'s sync made since audit entry `mark`: verb, resource, name.
+fn skr_requests(
+    s: &Scenario,
+    skr: &testenv::ControlPlane,
+    kyma: &str,
+    mark: usize,
+) -> Vec<(String, String, Option<String>)> {
+    skr.read_audit_events()[mark..]
+        .iter()
+        .filter(|e| e.user.username == s.skr_user(kyma) && e.stage == "ResponseComplete")
+        .map(|e| (e.verb.clone(), e.resource().to_owned(), e.name().map(str::to_owned)))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_restart_verifies_unchanged_skrs_from_what_the_replica_kept() {
+    let env = testenv::env();
+    let mut s = Scenario::new("recall").await.expect("scenario");
+    s.apply_catalog(&keda_on_two_channels()).await.expect("catalog");
+    s.add_kyma("same", &env.skr_a, &[]).await.expect("kyma");
+    s.add_kyma("edited", &env.skr_b, &[]).await.expect("kyma");
+    s.start(&["--resync-period", "1h"]).expect("start");
+    for (kyma, skr) in [("same", &env.skr_a), ("edited", &env.skr_b)] {
+        s.await_condition(kyma, "True", "CatalogSynced", PROMPT).await;
+        s.await_skr_names(skr, MT, &["keda-1.0.0", "keda-1.1.0"], PROMPT).await;
+    }
+    let status = s.catalogsync.as_mut().expect("running").terminate(Duration::from_secs(30)).await.expect("stop");
+    assert!(status.success(), "catalogsync exited with {status}");
+
+    // It kept a record of both SKRs when it released its shards; nothing of a Secret but its
+    // UID and resourceVersion.
+    let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(s.kcp.clone(), &s.ns);
+    let records: String = config_maps
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter(|cm| cm.metadata.name.as_deref().is_some_and(|n| n.ends_with("-memory")))
+        .flat_map(|cm| cm.data.unwrap_or_default().into_values())
+        .collect();
+    for kyma in ["same", "edited"] {
+        assert!(records.contains(&format!("\"{kyma}\"")), "{kyma} kept: {records}");
+    }
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(s.kcp.clone(), &s.ns);
+    for secret in secrets.list(&Default::default()).await.expect("secrets").items {
+        for value in secret.data.unwrap_or_default().into_values() {
+            for line in String::from_utf8_lossy(&value.0).lines().map(str::trim).filter(|l| l.len() >= 24) {
+                assert!(!records.contains(line), "a record holds Secret content: {line}");
+            }
+        }
+    }
+
+    // While no replica runs, an SKR admin edits a copy in one SKR.
+    let edited = s.skr_api(&env.skr_b, MT);
+    let edit = serde_json::json!({"spec": {"version": "6.6.6"}});
+    edited
+        .patch("keda-1.1.0", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&edit))
+        .await
+        .expect("edit");
+
+    let marks = (env.skr_a.read_audit_events().len(), env.skr_b.read_audit_events().len());
+    s.start(&["--resync-period", "1h"]).expect("restart");
+    testenv::await_condition(PROMPT, "the edited copy repaired", || async {
+        edited.get("keda-1.1.0").await.ok().is_some_and(|o| spec_of(&o) == copy_spec(&mt("keda", "1.1.0")))
+    })
+    .await;
+    testenv::await_condition(PROMPT, "both SKRs synced after the restart", || async {
+        s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await >= 2.0
+    })
+    .await;
+    // The unchanged SKR: two metadata-only lists, no namespace or CRD check, no write.
+    let list = |resource: &str| ("list".to_owned(), resource.to_owned(), None);
+    assert_eq!(
+        skr_requests(&s, &env.skr_a, "same", marks.0),
+        [list("moduletemplates"), list("modulereleasemetas")],
+        "the SKR requests of an unchanged SKR after a restart"
+    );
+    // The edited one: its ModuleTemplates listed again in full, the edited copy applied.
+    assert_eq!(
+        skr_requests(&s, &env.skr_b, "edited", marks.1),
+        [
+            list("moduletemplates"),
+            list("moduletemplates"),
+            ("patch".to_owned(), "moduletemplates".to_owned(), Some("keda-1.1.0".to_owned())),
+            list("modulereleasemetas"),
+        ],
+        "the SKR requests of an SKR edited while no replica ran"
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_record_costs_a_full_verification_and_nothing_else() {
+    let env = testenv::env();
+    let skr = &env.skr_a;
+    let mut s = Scenario::new("bad-record").await.expect("scenario");
+    s.apply_catalog(&keda_on_two_channels()).await.expect("catalog");
+    s.add_kyma("k", skr, &[]).await.expect("kyma");
+    testenv::create_namespace(&skr.admin_client(), &s.sync_ns).await.expect("ns");
+    // Records of every shard that do not parse, of another format, or that name the Kyma
+    // with digests that match nothing.
+    let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(s.kcp.clone(), &s.ns);
+    let texts = [
+        "{not json".to_owned(),
+        r#"{"format":99,"skrs":{}}"#.to_owned(),
+        r#"{"format":1,"skrs":{"k":{"secret":"x/y","kinds":{"ModuleTemplate":"00"}}}}"#.to_owned(),
+        "x".repeat(512 * 1024),
+    ];
+    for (shard, text) in texts.iter().enumerate() {
+        let cm = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("catalogsync-shard-{shard}-memory")},
+            "data": {"skrs.json": text},
+        });
+        config_maps.create(&Default::default(), &serde_json::from_value(cm).expect("cm")).await.expect("create");
+    }
+    s.start(&["--resync-period", "1h"]).expect("start");
+    s.await_condition("k", "True", "CatalogSynced", PROMPT).await;
+    s.await_skr_names(skr, MT, &["keda-1.0.0", "keda-1.1.0"], PROMPT).await;
+    s.await_skr_names(skr, MRM, &["keda"], PROMPT).await;
+}

@@ -138,6 +138,39 @@ impl KindMemory {
         self.0.retain(|key, _| keep.contains(key));
     }
 
+    /// A digest of everything remembered (each name's key, resourceVersion and content
+    /// hash), independent of insertion order: what a replica keeps of this memory across
+    /// restarts ([`KindMemory::recall`]).
+    pub fn digest(&self) -> u128 {
+        let mut entries: Vec<(&u64, &Remembered)> = self.0.iter().collect();
+        entries.sort_unstable_by_key(|(key, _)| **key);
+        let mut bytes = Vec::with_capacity(entries.len() * 32);
+        for (key, remembered) in entries {
+            let rv = remembered.resource_version.text();
+            bytes.extend_from_slice(&key.to_le_bytes());
+            bytes.extend_from_slice(&(rv.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(rv.as_bytes());
+            bytes.extend_from_slice(&remembered.hash.to_le_bytes());
+        }
+        xxhash_rust::xxh3::xxh3_128(&bytes)
+    }
+
+    /// The memory a replica had when its [`digest`](Self::digest) was `digest`, rebuilt from
+    /// a metadata-only list: every desired copy with the resourceVersion it is `observed`
+    /// with and the content hash desired now. `None` unless that memory has exactly the
+    /// digest, which holds only when every desired copy still has the resourceVersion it had
+    /// when this replica last verified or wrote it (so the copy still holds what it held),
+    /// the desired content is still what it was then, and no other name was remembered.
+    pub fn recall(desired: &BTreeMap<String, DesiredObject>, observed: &[Observed], digest: u128) -> Option<Self> {
+        let versions: HashMap<&str, &str> =
+            observed.iter().map(|o| (o.name.as_str(), o.resource_version.as_str())).collect();
+        let mut memory = Self::new();
+        for (name, want) in desired {
+            memory.remember(name, versions.get(name.as_str())?, want.hash);
+        }
+        (memory.digest() == digest).then_some(memory)
+    }
+
     /// Number of remembered names.
     pub fn len(&self) -> usize {
         self.0.len()

@@ -20,6 +20,7 @@ use crate::metrics::{HandoverOp, Metrics};
 use crate::sharding::handover::{Action, Facts, Local, decide};
 use crate::sharding::lease::{self, claimed, handover_started, holder_nonce, is_shard, released, shard_number};
 use crate::sharding::{ShardView, Timing};
+use crate::sync::recall::ShardMemory;
 
 /// Called with the Kymas of a shard this replica stopped working on (to drop their clients).
 pub type OnRelease = Arc<dyn Fn(&[ObjectRef<Kyma>]) + Send + Sync>;
@@ -98,6 +99,9 @@ pub struct Agent {
     pub requeue: mpsc::Sender<ObjectRef<Kyma>>,
     /// Called for the Kymas of a shard given up.
     pub on_release: OnRelease,
+    /// Where what this replica knows of a shard's SKRs is kept for the next holder when the
+    /// shard is released, and read when one is taken. `None`: nothing is kept.
+    pub memory: Option<ShardMemory>,
     /// Metrics; the per-shard series of a shard are created when it is taken and removed
     /// when it leaves.
     pub metrics: Metrics,
@@ -123,6 +127,13 @@ impl Agent {
         let mut local = vec![Local::Idle; shards];
         let mut written: HashMap<u32, Written> = HashMap::new();
         let mut uids: HashMap<u32, String> = HashMap::new();
+        // A shard is taken with its Kymas (requeued, and handed what the last holder kept of
+        // their SKRs), so not before the Kyma cache holds them.
+        let filled = tokio::time::timeout(self.timing.lease_duration, self.kymas.wait_until_ready());
+        tokio::select! {
+            r = filled => if r.is_err() { warn!("Kyma cache not filled within a lease duration; taking shards anyway") },
+            () = token.cancelled() => {}
+        }
         loop {
             self.tick(&mut local, &mut written, &mut uids).await;
             // A sync ending matters only to a drain; otherwise thousands of syncs would each
@@ -245,6 +256,10 @@ impl Agent {
                     info!(shard, in_flight = facts.in_flight, "Draining shard");
                 }
                 Action::Release => {
+                    // Drained: no sync of the shard runs any more.
+                    if let Some(memory) = &self.memory {
+                        memory.keep(shard, &self.kymas_of(shard)).await;
+                    }
                     let next = released(lease, Timestamp::now());
                     match self.write(shard, lease, next, written, uids).await {
                         Ok(()) => self.drop_shard(shard, local, HandoverOp::Released),
@@ -276,6 +291,9 @@ impl Agent {
         self.view.set_active(shard, true);
         self.metrics.shard_handover(shard, op);
         let kymas = self.kymas_of(shard);
+        if let Some(memory) = &self.memory {
+            memory.recall(shard, &kymas).await;
+        }
         info!(shard, clusters = kymas.len(), op = op.as_str(), "Took over shard");
         // Sync every SKR of the shard now: a previous holder may have been interrupted.
         for kyma in kymas {
@@ -356,14 +374,16 @@ impl Agent {
             warn!("Syncs still running at the drain timeout; releasing shards anyway");
         }
         let leases = self.current(written);
-        for shard in 0..self.view.shards() {
-            if !matches!(local[shard as usize], Local::Active | Local::Draining(_)) {
-                continue;
-            }
-            let Some(lease) = leases.get(&shard) else { continue };
-            if lease::state(lease).holder != self.identity {
-                continue;
-            }
+        let held: Vec<(u32, &Lease)> = (0..self.view.shards())
+            .filter(|&shard| matches!(local[shard as usize], Local::Active | Local::Draining(_)))
+            .filter_map(|shard| Some((shard, leases.get(&shard)?)))
+            .filter(|(_, lease)| lease::state(lease).holder == self.identity)
+            .collect();
+        if let Some(memory) = &self.memory {
+            let kymas: Vec<_> = held.iter().map(|(shard, _)| (*shard, self.kymas_of(*shard))).collect();
+            futures::future::join_all(kymas.iter().map(|(shard, kymas)| memory.keep(*shard, kymas))).await;
+        }
+        for (shard, lease) in held {
             match lease::write(&self.api, &released(lease, Timestamp::now()), self.timing.kcp_request_timeout).await {
                 Ok(_) => self.drop_shard(shard, local, HandoverOp::Released),
                 Err(error) => {
@@ -427,7 +447,8 @@ mod tests {
     async fn the_agent_acts_every_retry_period_and_at_once_on_a_lease_change() {
         let (client, mut requests) = kcp();
         let (leases, mut lease_writer) = reflector::store::<Lease>();
-        let (kymas, _kyma_writer) = reflector::store::<Kyma>();
+        let (kymas, mut kyma_writer) = reflector::store::<Kyma>();
+        kyma_writer.apply_watcher_event(&Event::InitDone);
         let view = ShardView::new(2);
         view.renewed(Instant::now(), Duration::from_secs(3600));
         let timing = Timing {
@@ -450,6 +471,7 @@ mod tests {
             kymas,
             requeue,
             on_release: Arc::new(|_| {}),
+            memory: None,
             metrics: Metrics::new().expect("metrics"),
             debug: watch::channel(ShardsDebug::default()).0,
             coordinator: watch::channel(crate::sharding::coordinator::CoordinatorView::default()).1,

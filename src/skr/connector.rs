@@ -27,6 +27,20 @@ pub struct SkrState {
     pub verified_at: Option<tokio::time::Instant>,
     /// Remembered resourceVersions and content hashes per kind.
     pub memory: BTreeMap<CatalogKind, KindMemory>,
+    /// What a replica that held this SKR before remembered of it (kept in the KCP across
+    /// restarts and handovers, [`crate::sync::recall`]): used by the first sync, which then
+    /// verifies the SKR with metadata-only lists where the record still holds.
+    pub recalled: Option<Recalled>,
+}
+
+/// What a replica keeps of one SKR's [`SkrState`] when it gives up its shard: enough to tell,
+/// from metadata-only lists, that the SKR still holds exactly what it held then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recalled {
+    /// Hash of the CRDs last ensured in the SKR.
+    pub crd_hash: Option<u64>,
+    /// [`KindMemory::digest`] per kind.
+    pub kinds: BTreeMap<CatalogKind, u128>,
 }
 
 /// How much sooner than the trust period a sync stops trusting memory: the resync that
@@ -39,6 +53,15 @@ impl SkrState {
     /// every kind less than `trust_for` (minus [`TRUST_MARGIN`]) ago.
     pub fn trusts_memory(&self, trust_for: std::time::Duration) -> bool {
         self.warm && self.verified_at.is_some_and(|at| at.elapsed() + TRUST_MARGIN < trust_for)
+    }
+
+    /// What to keep of this state across a restart: `None` unless the last sync succeeded
+    /// (a cold state is verified in full anyway).
+    pub fn remembered(&self) -> Option<Recalled> {
+        self.warm.then(|| Recalled {
+            crd_hash: self.crd_hash,
+            kinds: self.memory.iter().map(|(kind, memory)| (*kind, memory.digest())).collect(),
+        })
     }
 }
 

@@ -8,4 +8,4 @@ pub mod kubeconfig;
 pub mod request;
 
 pub use access::{AccessSecrets, AccessSettings, find_access_secret};
-pub use connector::{SkrConnector, SkrEntry, SkrState};
+pub use connector::{Recalled, SkrConnector, SkrEntry, SkrState};

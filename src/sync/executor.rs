@@ -27,7 +27,7 @@ use crate::catalog::plan::needs_content;
 use crate::catalog::render::CopyDigest;
 use crate::catalog::verify::{AfterApply, CrdCheck, CrdState, after_apply, crd_check, crd_state};
 use crate::catalog::{
-    CatalogKind, Comparison, DesiredObject, DesiredSet, KindComparison, Observed, Orphan, Plan, plan,
+    CatalogKind, Comparison, DesiredObject, DesiredSet, KindComparison, KindMemory, Observed, Orphan, Plan, plan,
 };
 use crate::error::{Result, SyncError};
 use crate::metrics::{SkrClientMetrics, SkrVerb};
@@ -224,10 +224,17 @@ impl SkrTarget<'_> {
 
     async fn sync_inner(&self, desired: &DesiredSet, crds: &SkrCrds, state: &mut SkrState) -> Result<SyncReport> {
         let mut report = SyncReport::default();
-        if !state.warm {
+        // A record kept across a restart stands in for a successful last sync: no namespace
+        // and CRD checks, and metadata-only lists, whose resourceVersions must match it.
+        let recalled = if state.warm { None } else { state.recalled.take() };
+        if let Some(recalled) = &recalled {
+            state.crd_hash = recalled.crd_hash;
+        }
+        let warm = state.warm || recalled.is_some();
+        if !warm {
             report.setup_writes += self.ensure_namespace().await?;
         }
-        if crd_check(state.warm, state.crd_hash, crds.hash) != CrdCheck::Skip {
+        if crd_check(warm, state.crd_hash, crds.hash) != CrdCheck::Skip {
             report.setup_writes += self.ensure_crds(crds).await?;
             state.crd_hash = Some(crds.hash);
         }
@@ -243,7 +250,7 @@ impl SkrTarget<'_> {
                 }
                 continue;
             }
-            let observed = match self.list(kind, !state.warm).await {
+            let observed = match self.list(kind, !warm).await {
                 Ok(o) => o,
                 Err(err) if matches!(&err, SyncError::ListSkrObjects { source, .. } if is_not_found(source)) => {
                     // The CRD vanished since we last looked (an SKR admin deleted it).
@@ -252,6 +259,10 @@ impl SkrTarget<'_> {
                 }
                 Err(err) => return Err(err),
             };
+            let digest = recalled.as_ref().and_then(|r| r.kinds.get(&kind));
+            if let Some(recalled) = digest.and_then(|d| KindMemory::recall(desired.of(kind), &observed, *d)) {
+                *memory = recalled;
+            }
             memory.retain_names(observed.iter().map(|o| o.name.as_str()));
             let mut plan = plan(desired.of(kind), &observed, memory);
             if needs_content(&plan, &observed, memory) {
@@ -277,7 +288,7 @@ impl SkrTarget<'_> {
         &self,
         kind: CatalogKind,
         plan: &Plan,
-        memory: &mut crate::catalog::KindMemory,
+        memory: &mut KindMemory,
         report: &mut SyncReport,
     ) -> Result<()> {
         for (name, rv, hash) in &plan.unchanged {

@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::metrics::{EvictionReason, SkrClientMetrics, SyncMetrics};
 use crate::skr::connector::secret_version;
 use crate::skr::{SkrConnector, SkrEntry};
+use crate::sync::recall::Kept;
 
 /// The records of the Kymas this replica syncs, keyed by Kyma name.
 pub struct KymaRecords {
@@ -43,6 +44,8 @@ struct Record {
     skr: Option<Arc<SkrEntry>>,
     /// What its last sync found, for the scrape-time gauges.
     findings: Option<Findings>,
+    /// What the replica that held its SKR before kept of the SKR, until its first sync here.
+    recalled: Option<Box<Kept>>,
 }
 
 impl Record {
@@ -52,6 +55,7 @@ impl Record {
             && self.pending.is_none()
             && self.skr.is_none()
             && self.findings.is_none()
+            && self.recalled.is_none()
     }
 }
 
@@ -263,11 +267,17 @@ impl KymaRecords {
         if let Some(entry) = kept.filter(|e| e.secret_version == version) {
             return Ok(entry);
         }
-        let entry = Arc::new(connector.connect(secret).await?);
-        let (replaced, cached) = {
+        let mut entry = connector.connect(secret).await?;
+        let (entry, replaced, cached) = {
             let mut records = self.lock();
-            let replaced = records.record(kyma).skr.replace(Arc::clone(&entry)).is_some();
-            (replaced, records.cached_skrs())
+            let record = records.record(kyma);
+            // Kept for this Secret version only: another version may name another cluster.
+            if let Some(kept) = record.recalled.take().filter(|k| k.secret_version == version) {
+                entry.state.get_mut().recalled = Some(kept.state);
+            }
+            let entry = Arc::new(entry);
+            let replaced = record.skr.replace(Arc::clone(&entry)).is_some();
+            (entry, replaced, records.cached_skrs())
         };
         if replaced {
             self.skr_metrics.evicted(EvictionReason::SecretChanged);
@@ -283,10 +293,40 @@ impl KymaRecords {
         entry.is_some_and(|e| e.state.try_lock().is_ok_and(|state| state.trusts_memory(trust_for)))
     }
 
-    /// Drops the access to `kyma`'s SKR, counting why.
+    /// Takes what a previous holder kept of these Kymas' SKRs
+    /// ([`crate::sync::recall::ShardMemory`]): the first sync of each SKR here uses it.
+    pub fn recall(&self, kept: impl IntoIterator<Item = (String, Kept)>) {
+        let mut records = self.lock();
+        for (kyma, kept) in kept {
+            let record = records.record(&kyma);
+            if record.skr.is_none() {
+                record.recalled = Some(Box::new(kept));
+            }
+            records.clean(&kyma);
+        }
+    }
+
+    /// What to keep of the SKRs of `kymas` for the next holder: those whose last sync
+    /// succeeded and that no sync holds now.
+    pub fn remembered<'a>(&self, kymas: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, Kept> {
+        let records = self.lock();
+        kymas
+            .into_iter()
+            .filter_map(|kyma| {
+                let entry = records.by_kyma.get(kyma)?.skr.as_ref()?;
+                let state = entry.state.try_lock().ok()?.remembered()?;
+                Some((kyma.to_owned(), Kept { secret_version: entry.secret_version.clone(), state }))
+            })
+            .collect()
+    }
+
+    /// Drops the access to `kyma`'s SKR (and anything recalled of it), counting why.
     pub fn evict_skr(&self, kyma: &str, reason: EvictionReason) {
         let (evicted, cached) = {
             let mut records = self.lock();
+            if let Some(r) = records.by_kyma.get_mut(kyma) {
+                r.recalled = None;
+            }
             let evicted = records.by_kyma.get_mut(kyma).and_then(|r| r.skr.take()).is_some();
             records.clean(kyma);
             (evicted, records.cached_skrs())

@@ -1,12 +1,14 @@
 //! The sync engine: the Kyma controller ([`reconciler`]) and the per-SKR executor
 //! ([`executor`]); the catalog publisher that requeues affected Kymas ([`publisher`]) behind the
 //! shrink guard ([`guard`]); the published catalog every sync reads ([`state`]); what the replica
-//! knows of each Kyma it syncs ([`kymas`]); the `ModuleCatalog` condition ([`condition`]).
+//! knows of each Kyma it syncs ([`kymas`]) and keeps of its SKRs across restarts ([`recall`]); the
+//! `ModuleCatalog` condition ([`condition`]).
 
 pub mod condition;
 pub mod executor;
 pub mod guard;
 pub mod kymas;
 pub mod publisher;
+pub mod recall;
 pub mod reconciler;
 pub mod state;

@@ -454,6 +454,57 @@ fn memory_matches_exactly_the_remembered_version_and_hash() {
     assert_eq!(memory.len(), 1);
 }
 
+#[test]
+fn a_digest_depends_on_every_name_version_and_hash_and_not_on_order() {
+    let a = remember(&[("keda-1.0.0", "17", 1), ("serverless-2.0.0", "18", 2)]);
+    let b = remember(&[("serverless-2.0.0", "18", 2), ("keda-1.0.0", "17", 1)]);
+    assert_eq!(a.digest(), b.digest());
+    for other in [
+        remember(&[("keda-1.0.0", "17", 1)]),
+        remember(&[("keda-1.0.0", "19", 1), ("serverless-2.0.0", "18", 2)]),
+        remember(&[("keda-1.0.0", "17", 3), ("serverless-2.0.0", "18", 2)]),
+        remember(&[("keda-1.0.0", "17", 1), ("serverless-2.0.1", "18", 2)]),
+        remember(&[("keda-1.0.0", "017", 1), ("serverless-2.0.0", "18", 2)]),
+        remember(&[("keda-1.0.0", "17", 1), ("serverless-2.0.0", "18", 2), ("x", "1", 0)]),
+    ] {
+        assert_ne!(a.digest(), other.digest(), "{other:?}");
+    }
+    assert_ne!(KindMemory::new().digest(), a.digest());
+}
+
+#[test]
+fn recall_rebuilds_the_memory_only_while_every_copy_and_the_catalog_are_as_they_were() {
+    let keda = desired_mt("keda", "1.0.0");
+    let serverless = desired_mt("serverless", "2.0.0");
+    let desired = desired_of([&keda, &serverless]);
+    let memory = remember(&[("keda-1.0.0", "17", keda.hash), ("serverless-2.0.0", "18", serverless.hash)]);
+    let digest = memory.digest();
+    let listed = |keda_rv: &str| {
+        vec![
+            listed_meta("keda-1.0.0", keda_rv, true),
+            listed_meta("serverless-2.0.0", "18", true),
+            listed_meta("someone-elses", "3", false),
+            listed_meta("orphan-0.1.0", "4", true),
+        ]
+    };
+    // As it was (objects that are not desired do not count: the plan prunes or keeps them).
+    let recalled = KindMemory::recall(&desired, &listed("17"), digest).expect("recalled");
+    assert_eq!(recalled, memory);
+    let plan = plan(&desired, &listed("17"), &recalled);
+    assert!(plan.apply.is_empty() && !needs_content(&plan, &listed("17"), &recalled));
+    assert_eq!(pruned(&plan), ["orphan-0.1.0"]);
+    // A copy written since (new resourceVersion), gone, or a catalog change: no memory.
+    assert_eq!(KindMemory::recall(&desired, &listed("20"), digest), None);
+    assert_eq!(KindMemory::recall(&desired, &listed("17")[1..], digest), None);
+    let changed = DesiredObject { hash: serverless.hash.wrapping_add(1), ..serverless.clone() };
+    assert_eq!(KindMemory::recall(&desired_of([&keda, &changed]), &listed("17"), digest), None);
+    assert_eq!(KindMemory::recall(&desired_of([&keda]), &listed("17"), digest), None);
+    let added = desired_mt("eventing", "1.0.0");
+    assert_eq!(KindMemory::recall(&desired_of([&keda, &serverless, &added]), &listed("17"), digest), None);
+    // An empty SKR that had nothing desired is recalled as empty.
+    assert_eq!(KindMemory::recall(&BTreeMap::new(), &[], KindMemory::new().digest()), Some(KindMemory::new()));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Trusted memory (no list)
 // ---------------------------------------------------------------------------------------------

@@ -88,8 +88,7 @@ pub(super) async fn fleet(args: &RunArgs, dir: &Path, report: &mut Report) -> Re
     bench.terminate_all().await?;
 
     for &replicas in args.replicas.iter().filter(|&&r| r != 3) {
-        let run =
-            cold_run(&mut bench, args, replicas, "restart, SKRs full (cold sync)", &format!("r{replicas}")).await?;
+        let run = cold_run(&mut bench, args, replicas, "restart, SKRs full", &format!("r{replicas}")).await?;
         push_row(&mut rollout_rows, "rollout", run.rollout);
         for row in run.props.rows {
             push_row(&mut prop_rows, "prop", row);
@@ -157,7 +156,7 @@ pub(super) async fn propagation_only(args: &RunArgs, dir: &Path, report: &mut Re
     let (mut rollout_rows, mut prop_rows, mut memory_rows) = (Vec::new(), Vec::new(), Vec::new());
     let mut p99s = P99s::new();
     for (i, &replicas) in args.replicas.iter().enumerate() {
-        let what = if i == 0 { "first start, SKRs empty" } else { "restart, SKRs full (cold sync)" };
+        let what = if i == 0 { "first start, SKRs empty" } else { "restart, SKRs full" };
         // Each start marks its changes anew: a replica count may be given twice.
         let run = cold_run(&mut bench, args, replicas, what, &format!("r{replicas}-{i}")).await?;
         push_row(&mut rollout_rows, "rollout", run.rollout);

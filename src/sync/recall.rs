@@ -1,0 +1,251 @@
+//! What a replica keeps of its SKRs across restarts and handovers: when it gives up a shard
+//! (a drain, or shutdown) it writes, for each SKR of the shard whose last sync succeeded, a
+//! digest of its memory of the SKR ([`crate::catalog::KindMemory::digest`]) into a ConfigMap
+//! of the shard in its own namespace; the replica that claims the shard next reads it, and
+//! its first sync of each SKR verifies the SKR with metadata-only lists instead of full ones
+//! wherever every copy still has the resourceVersion the record names
+//! ([`crate::catalog::KindMemory::recall`]).
+//!
+//! A resourceVersion names one content of one object, so a record can be stale but never
+//! wrong: a copy written since has another resourceVersion, and its kind is listed in full as
+//! in any cold sync. A record is kept per access-Secret version (another version may name
+//! another cluster). A record that is missing, unreadable or of another format is ignored:
+//! the SKRs are then verified with full lists. Nothing of a Secret but its UID and
+//! resourceVersion is written.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+use crate::api::{KCP_FIELD_MANAGER, Kyma};
+use crate::catalog::CatalogKind;
+use crate::skr::Recalled;
+use crate::sync::kymas::KymaRecords;
+
+/// The key of the record in a shard's ConfigMap.
+pub const MEMORY_KEY: &str = "skrs.json";
+
+/// The format of the record; a record of another format is ignored.
+const FORMAT: u32 = 1;
+
+/// Bytes a record may take; a ConfigMap holds at most 1 MiB. At about 150 bytes per SKR, a
+/// shard of up to about 6,000 SKRs fits; the SKRs beyond are left out (verified in full).
+const MAX_RECORD_BYTES: usize = 900 * 1024;
+
+/// The name of the ConfigMap of `shard`.
+pub fn config_map_name(shard: u32) -> String {
+    format!("catalogsync-shard-{shard}-memory")
+}
+
+/// What is kept of one SKR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// `uid/resourceVersion` of the access Secret the SKR was reached with.
+    pub secret_version: String,
+    /// The state.
+    pub state: Recalled,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    format: u32,
+    /// Per Kyma name.
+    skrs: BTreeMap<String, StoredSkr>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredSkr {
+    secret: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    crds: Option<String>,
+    /// Per kind name: the memory digest as hex.
+    kinds: BTreeMap<String, String>,
+}
+
+/// Encodes `kept` as a record: the Kymas in name order, as many as fit in
+/// [`MAX_RECORD_BYTES`]. Returns the record and how many were left out.
+fn encode(kept: &BTreeMap<String, Kept>) -> (String, usize) {
+    let mut skrs = BTreeMap::new();
+    let mut size = 64;
+    let mut left_out = 0;
+    for (kyma, kept) in kept {
+        let stored = StoredSkr {
+            secret: kept.secret_version.clone(),
+            crds: kept.state.crd_hash.map(|h| format!("{h:016x}")),
+            kinds: kept.state.kinds.iter().map(|(kind, d)| (kind.as_str().to_owned(), format!("{d:032x}"))).collect(),
+        };
+        let entry = kyma.len() + serde_json::to_string(&stored).map_or(0, |s| s.len()) + 8;
+        if size + entry > MAX_RECORD_BYTES {
+            left_out += 1;
+            continue;
+        }
+        size += entry;
+        skrs.insert(kyma.clone(), stored);
+    }
+    let text = serde_json::to_string(&Record { format: FORMAT, skrs }).unwrap_or_default();
+    (text, left_out)
+}
+
+/// Decodes a record; entries that do not parse are skipped.
+fn decode(text: &str) -> Result<BTreeMap<String, Kept>, String> {
+    let record: Record = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if record.format != FORMAT {
+        return Err(format!("format {} is not {FORMAT}", record.format));
+    }
+    let kind = |name: &str| CatalogKind::ALL.into_iter().find(|k| k.as_str() == name);
+    Ok(record
+        .skrs
+        .into_iter()
+        .filter_map(|(kyma, stored)| {
+            let crd_hash = match stored.crds {
+                Some(hex) => Some(u64::from_str_radix(&hex, 16).ok()?),
+                None => None,
+            };
+            let kinds = stored
+                .kinds
+                .iter()
+                .map(|(name, hex)| Some((kind(name)?, u128::from_str_radix(hex, 16).ok()?)))
+                .collect::<Option<BTreeMap<_, _>>>()?;
+            Some((kyma, Kept { secret_version: stored.secret, state: Recalled { crd_hash, kinds } }))
+        })
+        .collect())
+}
+
+/// Reads and writes the shards' records in the KCP.
+#[derive(Clone)]
+pub struct ShardMemory {
+    api: Api<ConfigMap>,
+    timeout: Duration,
+    records: Arc<KymaRecords>,
+}
+
+impl ShardMemory {
+    /// Records kept in ConfigMaps of `api`'s namespace, each request bounded by `timeout`, of
+    /// the SKR states in `records`.
+    pub fn new(api: Api<ConfigMap>, timeout: Duration, records: Arc<KymaRecords>) -> Self {
+        Self { api, timeout, records }
+    }
+
+    /// Keeps the state of the SKRs of `kymas`, the Kymas of `shard`, for the next holder of the
+    /// shard. Called when no sync of the shard runs any more, before the shard is released.
+    pub async fn keep(&self, shard: u32, kymas: &[ObjectRef<Kyma>]) {
+        let kept = self.records.remembered(kymas.iter().map(|k| k.name.as_str()));
+        self.save(shard, &kept).await;
+    }
+
+    /// Hands what the last holder of `shard` kept of the SKRs of `kymas` (the shard's Kymas)
+    /// to their first syncs here. Called when the shard is taken, before its Kymas are
+    /// requeued.
+    pub async fn recall(&self, shard: u32, kymas: &[ObjectRef<Kyma>]) {
+        let mut kept = self.load(shard).await;
+        let ours: std::collections::HashSet<&str> = kymas.iter().map(|k| k.name.as_str()).collect();
+        kept.retain(|kyma, _| ours.contains(kyma.as_str()));
+        self.records.recall(kept);
+    }
+
+    /// Writes the record of `shard`. A failure is logged: the next holder then verifies the
+    /// shard's SKRs in full.
+    async fn save(&self, shard: u32, kept: &BTreeMap<String, Kept>) {
+        let (text, left_out) = encode(kept);
+        if left_out > 0 {
+            warn!(shard, left_out, "Shard record full; the SKRs left out will be verified in full");
+        }
+        let name = config_map_name(shard);
+        let body = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "labels": { "app.kubernetes.io/managed-by": "catalogsync", "app.kubernetes.io/component": "shard-memory" },
+            },
+            "data": { MEMORY_KEY: text },
+        });
+        let (params, patch) = (PatchParams::apply(KCP_FIELD_MANAGER).force(), Patch::Apply(&body));
+        let apply = self.api.patch(&name, &params, &patch);
+        match crate::kcp::bounded(self.timeout, apply).await {
+            Ok(_) => debug!(shard, skrs = kept.len() - left_out, "Kept the shard's SKR record"),
+            Err(error) => {
+                warn!(shard, error = &error as &dyn std::error::Error, "Failed to keep the shard's SKR record")
+            }
+        }
+    }
+
+    /// Reads the record of `shard`: what was kept per Kyma, empty when there is none or it
+    /// cannot be read (logged).
+    async fn load(&self, shard: u32) -> BTreeMap<String, Kept> {
+        let name = config_map_name(shard);
+        let found = match crate::kcp::bounded(self.timeout, self.api.get_opt(&name)).await {
+            Ok(found) => found,
+            Err(error) => {
+                warn!(shard, error = &error as &dyn std::error::Error, "Failed to read the shard's SKR record");
+                return BTreeMap::new();
+            }
+        };
+        let Some(text) = found.as_ref().and_then(|cm| cm.data.as_ref()).and_then(|d| d.get(MEMORY_KEY)) else {
+            return BTreeMap::new();
+        };
+        match decode(text) {
+            Ok(kept) => {
+                info!(shard, skrs = kept.len(), "Read the shard's SKR record");
+                kept
+            }
+            Err(error) => {
+                warn!(shard, %error, "Ignored an unreadable shard SKR record; its SKRs will be verified in full");
+                BTreeMap::new()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(secret: &str, crds: Option<u64>, digests: [u128; 2]) -> Kept {
+        let kinds = CatalogKind::ALL.into_iter().zip(digests).collect();
+        Kept { secret_version: secret.into(), state: Recalled { crd_hash: crds, kinds } }
+    }
+
+    #[test]
+    fn a_record_reads_back_what_was_written() {
+        let all: BTreeMap<String, Kept> = [
+            ("a".to_owned(), kept("uid-a/17", Some(u64::MAX), [u128::MAX, 0])),
+            ("b".to_owned(), kept("uid-b/3", None, [1, 2])),
+        ]
+        .into();
+        let (text, left_out) = encode(&all);
+        assert_eq!(left_out, 0);
+        assert_eq!(decode(&text).expect("decodes"), all);
+    }
+
+    #[test]
+    fn a_full_record_leaves_out_what_does_not_fit() {
+        let all: BTreeMap<String, Kept> =
+            (0..10_000).map(|i| (format!("kyma-{i:05}"), kept(&format!("{i}/{i}"), Some(7), [1, 2]))).collect();
+        let (text, left_out) = encode(&all);
+        assert!(text.len() <= MAX_RECORD_BYTES, "{}", text.len());
+        assert!(left_out > 0);
+        assert_eq!(decode(&text).expect("decodes").len(), all.len() - left_out);
+    }
+
+    #[test]
+    fn broken_records_and_entries_are_ignored() {
+        assert!(decode("not json").is_err());
+        assert!(decode(r#"{"format":2,"skrs":{}}"#).is_err());
+        let text = r#"{"format":1,"skrs":{
+            "bad-hex":{"secret":"s","kinds":{"ModuleTemplate":"zz"}},
+            "bad-kind":{"secret":"s","kinds":{"Secret":"01"}},
+            "bad-crds":{"secret":"s","crds":"-","kinds":{}},
+            "good":{"secret":"s","crds":"0a","kinds":{"ModuleTemplate":"01","ModuleReleaseMeta":"02"}}}}"#;
+        let kept = decode(text).expect("decodes");
+        assert_eq!(kept.keys().collect::<Vec<_>>(), ["good"]);
+        assert_eq!(kept["good"].state.crd_hash, Some(10));
+    }
+}
