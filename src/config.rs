@@ -299,7 +299,7 @@ pub struct RunArgs {
     pub shards: u32,
 
     /// Namespace of the member, shard and coordinator Leases and of the shard records
-    /// (ConfigMaps catalogsync-shard-<n>-memory: what a replica keeps of a shard's SKRs for the
+    /// (ConfigMaps catalogsync-shard-N-memory: what a replica keeps of a shard's SKRs for the
     /// next holder), the pod's namespace in a cluster.
     #[arg(long, env = "POD_NAMESPACE", default_value = "catalogsync-system", help_heading = "Sharding")]
     pub lease_namespace: String,

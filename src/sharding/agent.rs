@@ -129,7 +129,7 @@ impl Agent {
         let mut uids: HashMap<u32, String> = HashMap::new();
         // A shard is taken with its Kymas (requeued, and handed what the last holder kept of
         // their SKRs), so not before the Kyma cache holds them.
-        let filled = tokio::time::timeout(self.timing.lease_duration, self.kymas.wait_until_ready());
+        let filled = tokio::time::timeout(self.timing.lease_duration, crate::watches::until_ready(&self.kymas));
         tokio::select! {
             r = filled => if r.is_err() { warn!("Kyma cache not filled within a lease duration; taking shards anyway") },
             () = token.cancelled() => {}
