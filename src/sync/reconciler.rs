@@ -213,8 +213,11 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
         return Ok(Action::await_change());
     }
     if !ctx.shards.owns(&namespace, &name) {
-        // Every replica reconciles every Kyma; the ones of other shards end here.
-        ctx.kymas.forget(&name, EvictionReason::Released);
+        // Every replica reconciles every Kyma; the ones of other shards end here. Its SKR
+        // access and state stay: a shard that is draining, or a replica that is stopping,
+        // keeps them for the next holder before it releases the shard, which drops them
+        // (`Agent::on_release`).
+        ctx.kymas.forget_progress(&name);
         return Ok(Action::await_change());
     }
     // Taken before the sync counts as in flight (a handover does not wait for syncs that
@@ -228,7 +231,7 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     };
     // Counted as in flight until the end of the sync, so a shard handover waits for it.
     let Some(in_flight) = ctx.shards.begin(&namespace, &name) else {
-        ctx.kymas.forget(&name, EvictionReason::Released);
+        ctx.kymas.forget_progress(&name);
         return Ok(Action::await_change());
     };
 
