@@ -306,16 +306,24 @@ impl KymaRecords {
         }
     }
 
-    /// What to keep of the SKRs of `kymas` for the next holder: those whose last sync
-    /// succeeded and that no sync holds now.
+    /// What to keep of the SKRs of `kymas` for the next holder: the state of those that no
+    /// sync holds now ([`crate::skr::SkrState::remembered`]), and what the last holder kept
+    /// of those not synced here yet (a shard taken and given up again at once, as when the
+    /// replicas stop one after another, passes its record on rather than an empty one).
     pub fn remembered<'a>(&self, kymas: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, Kept> {
         let records = self.lock();
         kymas
             .into_iter()
             .filter_map(|kyma| {
-                let entry = records.by_kyma.get(kyma)?.skr.as_ref()?;
-                let state = entry.state.try_lock().ok()?.remembered()?;
-                Some((kyma.to_owned(), Kept { secret_version: entry.secret_version.clone(), state }))
+                let record = records.by_kyma.get(kyma)?;
+                let kept = match &record.skr {
+                    Some(entry) => {
+                        let state = entry.state.try_lock().ok()?.remembered()?;
+                        Kept { secret_version: entry.secret_version.clone(), state }
+                    }
+                    None => (**record.recalled.as_ref()?).clone(),
+                };
+                Some((kyma.to_owned(), kept))
             })
             .collect()
     }
@@ -461,6 +469,26 @@ mod tests {
         assert_eq!(book.findings()[&1].disagree, 0, "a released Kyma leaves the sums");
         assert!(!book.set_contested("a", 1, false), "no longer contested");
         assert!(book.set_contested("a", 1, true), "contested anew");
+    }
+
+    #[test]
+    fn a_record_not_synced_here_yet_is_passed_on_and_a_release_drops_it() {
+        let book = records();
+        let kept = |secret: &str| Kept {
+            secret_version: secret.to_owned(),
+            state: crate::skr::Recalled { crd_hash: Some(1), kinds: [(CatalogKind::ModuleTemplate, 7)].into() },
+        };
+        book.recall([("a".to_owned(), kept("s/1")), ("b".to_owned(), kept("s/2"))]);
+        // Progress comes and goes without touching it.
+        book.mark_pending("a", 1);
+        book.forget_progress("a");
+        let passed_on = book.remembered(["a", "b", "never-seen"]);
+        assert_eq!(passed_on.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(passed_on["b"], kept("s/2"));
+        book.evict_skr("a", EvictionReason::Released);
+        book.forget("b", EvictionReason::Released);
+        assert!(book.remembered(["a", "b"]).is_empty());
+        assert!(book.is_empty(), "nothing left behind");
     }
 
     #[test]
