@@ -55,14 +55,10 @@ impl SkrState {
         self.warm && self.verified_at.is_some_and(|at| at.elapsed() + TRUST_MARGIN < trust_for)
     }
 
-    /// What to keep of this state across a restart: its memory when the last sync
-    /// succeeded, else what was recalled from the last holder and not yet confirmed by a
-    /// sync here (a record is never wrong, only stale), else nothing.
+    /// What to keep of this state across a restart: `None` unless the last sync succeeded
+    /// (a cold state is verified in full anyway).
     pub fn remembered(&self) -> Option<Recalled> {
-        if !self.warm {
-            return self.recalled.clone();
-        }
-        Some(Recalled {
+        self.warm.then(|| Recalled {
             crd_hash: self.crd_hash,
             kinds: self.memory.iter().map(|(kind, memory)| (*kind, memory.digest())).collect(),
         })

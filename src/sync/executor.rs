@@ -209,10 +209,7 @@ impl SkrTarget<'_> {
     pub async fn sync(&self, desired: &DesiredSet, crds: &SkrCrds, state: &mut SkrState) -> Result<SyncReport> {
         let result = self.sync_inner(desired, crds, state).await;
         state.warm = result.is_ok();
-        if result.is_ok() {
-            // Superseded by what this sync established; after a failure it still holds.
-            state.recalled = None;
-        } else {
+        if result.is_err() {
             state.crd_hash = None;
             state.verified_at = None;
         }
@@ -229,7 +226,9 @@ impl SkrTarget<'_> {
         let mut report = SyncReport::default();
         // A record kept across a restart stands in for a successful last sync: no namespace
         // and CRD checks, and metadata-only lists, whose resourceVersions must match it.
-        let recalled = if state.warm { None } else { state.recalled.clone() };
+        // Used once: a sync that fails after it is cold again, and checks the namespace and
+        // the CRDs (a deleted namespace fails the recalled sync's applies).
+        let recalled = if state.warm { None } else { state.recalled.take() };
         if let Some(recalled) = &recalled {
             state.crd_hash = recalled.crd_hash;
         }
