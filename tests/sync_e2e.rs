@@ -567,16 +567,16 @@ async fn a_catalog_change_to_a_warm_skr_costs_one_write_per_changed_copy() {
         s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await > runs
     })
     .await;
-    let requests: Vec<(String, String, Option<String>)> = skr.read_audit_events()[mark..]
-        .iter()
-        .filter(|e| e.user.username == s.skr_user("k") && e.stage == "ResponseComplete")
-        .map(|e| (e.verb.clone(), e.resource().to_owned(), e.name().map(str::to_owned)))
-        .collect();
     assert_eq!(
-        requests,
+        skr_requests(&s, skr, "k", mark),
         [("patch".to_owned(), "moduletemplates".to_owned(), Some("keda-1.1.0".to_owned()))],
         "the SKR requests of one MT change"
     );
+}
+
+/// The ConfigMaps in the scenario's namespace, where the replica keeps its shard records.
+fn shard_records(s: &Scenario) -> kube::Api<k8s_openapi::api::core::v1::ConfigMap> {
+    kube::Api::namespaced(s.kcp.clone(), &s.ns)
 }
 
 /// The SKR requests `kyma`'s sync made since audit entry `mark`: verb, resource, name.
@@ -610,7 +610,7 @@ async fn a_restart_verifies_unchanged_skrs_from_what_the_replica_kept() {
 
     // It kept a record of both SKRs when it released its shards; nothing of a Secret but its
     // UID and resourceVersion.
-    let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(s.kcp.clone(), &s.ns);
+    let config_maps = shard_records(&s);
     let records: String = config_maps
         .list(&Default::default())
         .await
@@ -680,7 +680,7 @@ async fn an_unreadable_record_costs_a_full_verification_and_nothing_else() {
     testenv::create_namespace(&skr.admin_client(), &s.sync_ns).await.expect("ns");
     // Records of every shard that do not parse, of another format, or that name the Kyma
     // with digests that match nothing.
-    let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(s.kcp.clone(), &s.ns);
+    let config_maps = shard_records(&s);
     let texts = [
         "{not json".to_owned(),
         r#"{"format":99,"skrs":{}}"#.to_owned(),
