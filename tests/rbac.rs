@@ -77,8 +77,8 @@ async fn rbac_grants_exactly_what_catalogsync_uses() {
     .await;
     let status = s.catalogsync.as_mut().expect("running").terminate(Duration::from_secs(30)).await.expect("stop");
     assert!(status.success(), "catalogsync exited with {status}");
-    // What it released its shards with was written (so creating a ConfigMap with server-side
-    // apply needs no more than `patch`).
+    // The records it wrote when it released its shards exist: the server-side apply that
+    // created them was allowed (it needs `create` as well as `patch`).
     let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(s.kcp.clone(), &s.ns);
     let kept = config_maps.list(&Default::default()).await.expect("list ConfigMaps");
     assert!(
