@@ -6,8 +6,6 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::{Api, Client};
@@ -27,7 +25,7 @@ use crate::sharding::coordinator::{Coordinator, CoordinatorView};
 use crate::sharding::{Timing, membership};
 use crate::skr::destination::Rule;
 use crate::skr::kubeconfig::InsecureTls;
-use crate::skr::{AccessSettings, SkrConnector};
+use crate::skr::{AccessSecrets, AccessSettings, SkrConnector};
 use crate::sync::guard::ShrinkGuard;
 use crate::sync::kymas::KymaRecords;
 use crate::sync::publisher::PublisherContext;
@@ -175,7 +173,8 @@ pub async fn run_with(
 
     // KCP watches.
     let (catalog_stores, catalog_changes) = watches::catalog(&kcp, &ns, &sync_namespace);
-    let (access_secrets, secret_store, secret_kymas) = watches::access_secrets(&kcp, &ns);
+    let (access_secrets, secret_kymas) = watches::access_secrets(&kcp, &ns);
+    let secrets_ready = access_secrets.clone();
     let (lease_store, lease_changes) = watches::leases(&kcp, &lease_namespace);
     let (catalog_tx, catalog_rx) = watch::channel(Arc::new(CatalogState::default()));
     let (requeue_tx, requeue_rx) = mpsc::channel(REQUEUE_CAPACITY);
@@ -325,7 +324,7 @@ pub async fn run_with(
     )
     .instrument(info_span!("catalog"));
     let controller_task = {
-        let (catalog, secrets, kymas) = (catalog_rx.clone(), secret_store.clone(), kyma_store.clone());
+        let (catalog, secrets, kymas) = (catalog_rx.clone(), ctx.secrets.clone(), kyma_store.clone());
         let requeue = futures::stream::select(receiver_stream(requeue_rx), receiver_stream(secret_rx));
         let shutdown = shutdown.clone();
         async move {
@@ -338,7 +337,7 @@ pub async fn run_with(
 
     // Serving.
     let (ready_tx, ready_rx) = watch::channel(false);
-    let readiness = report_ready(secret_store, kyma_store, catalog_rx, view.clone(), ready_tx);
+    let readiness = report_ready(secrets_ready, kyma_store, catalog_rx, view.clone(), ready_tx);
     let http_state = HttpState {
         metrics,
         ready: ready_rx,
@@ -392,24 +391,25 @@ pub async fn run_with(
 /// Whether the controller may start: never against an empty or partial catalog (that would
 /// prune every SKR), nor before the Secret cache is complete (every Kyma would look
 /// secret-less). False when either source ended first.
-async fn start_gate(
-    mut catalog: watch::Receiver<Arc<CatalogState>>,
-    secrets: &reflector::Store<PartialObjectMeta<Secret>>,
-) -> bool {
-    catalog.changed().await.is_ok() && watches::until_ready(secrets).await
+async fn start_gate(mut catalog: watch::Receiver<Arc<CatalogState>>, secrets: &AccessSecrets) -> bool {
+    if catalog.changed().await.is_err() {
+        return false;
+    }
+    secrets.until_ready().await;
+    true
 }
 
 /// Reports the replica ready once its KCP caches are complete (the catalog loop publishes only
 /// after its stores listed everything) and it holds a fresh member Lease. Never ends.
 async fn report_ready(
-    secrets: reflector::Store<PartialObjectMeta<Secret>>,
+    secrets: AccessSecrets,
     kymas: reflector::Store<Kyma>,
     mut published: watch::Receiver<Arc<CatalogState>>,
     view: ShardView,
     ready: watch::Sender<bool>,
 ) {
-    let ok =
-        watches::until_ready(&secrets).await && published.changed().await.is_ok() && watches::until_ready(&kymas).await;
+    secrets.until_ready().await;
+    let ok = published.changed().await.is_ok() && watches::until_ready(&kymas).await;
     while view.is_fenced() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }

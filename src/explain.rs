@@ -30,7 +30,7 @@ use crate::config::{ExplainArgs, OutputFormat};
 use crate::error::SyncError;
 use crate::skr::access::{AccessSettings, kcp_addresses};
 use crate::skr::kubeconfig::InsecureTls;
-use crate::skr::{SkrConnector, find_access_secret};
+use crate::skr::{SecretRef, SkrConnector, find_access_secret};
 use crate::sync::executor::SkrTarget;
 
 /// Catalog objects read per KCP list request: ModuleTemplates carry descriptors of tens of KB,
@@ -390,7 +390,7 @@ async fn observe_skr(
     let secret = find_secret(kcp, namespace, &args.kyma, args.kcp_request_timeout).await?;
     access_secret.clone_from(&secret.metadata.name);
     let connector = SkrConnector::new(kcp.clone(), namespace.clone(), settings, args.kcp_request_timeout);
-    let entry = connector.connect(&secret).await?;
+    let entry = connector.connect(&SecretRef::of(&secret)).await?;
     let client = entry.access.client().await?;
     // Counted into a registry of its own that nothing reads: explain is not the controller.
     let metrics = crate::metrics::SkrClientMetrics::register(&prometheus::Registry::new())

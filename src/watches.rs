@@ -43,50 +43,32 @@ pub fn kymas(
     (store, changes)
 }
 
-/// The access Secrets of `namespace` (metadata only; annotations dropped, see `trim_secret`): their index by
-/// Kyma, their store (to know when it is complete), and the stream of the Kymas whose Secret
-/// changed. A failing watch is logged and retried with backoff.
+/// The access Secrets of `namespace` (metadata only; of each its name, Kyma label and version,
+/// see [`AccessSecrets`]), and the stream of the Kymas whose Secret was listed or changed. A
+/// failing watch is logged and retried with backoff.
 pub fn access_secrets(
     kcp: &Client,
     namespace: &str,
-) -> (AccessSecrets, Store<PartialObjectMeta<Secret>>, impl Stream<Item = ObjectRef<Kyma>> + Send + 'static) {
-    let (store, writer) = reflector::store();
-    let secrets = AccessSecrets::new(store.clone());
-    let (noted, forgotten) = (secrets.clone(), secrets.clone());
+) -> (AccessSecrets, impl Stream<Item = ObjectRef<Kyma>> + Send + 'static) {
+    let secrets = AccessSecrets::new(namespace);
+    let noted = secrets.clone();
     let namespace = namespace.to_owned();
     let kymas = watcher(
         Api::<PartialObjectMeta<Secret>>::namespaced(kcp.clone(), &namespace),
         watcher::Config::default().labels(KYMA_NAME_LABEL),
     )
     .default_backoff()
-    .modify(move |s| {
-        trim_secret(s);
-        // Indexed before the cache holds it; see `AccessSecrets`.
-        noted.note(s);
-    })
-    .reflect(writer)
-    .inspect_ok(move |event| {
-        if let watcher::Event::Delete(s) = event {
-            forgotten.forget(s);
-        }
-    })
-    .touched_objects()
     .filter_map(move |event| {
         let kyma = match event {
-            Ok(secret) => secret
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(KYMA_NAME_LABEL))
-                .map(|kyma| ObjectRef::<Kyma>::new(kyma).within(&namespace)),
+            Ok(event) => noted.apply(&event),
             Err(error) => {
                 warn!(error = &error as &dyn std::error::Error, "Secret watch failed; retrying");
                 None
             }
         };
-        futures::future::ready(kyma)
+        futures::future::ready(kyma.map(|kyma| ObjectRef::<Kyma>::new(&kyma).within(&namespace)))
     });
-    (secrets, store, kymas)
+    (secrets, kymas)
 }
 
 /// The member and shard Leases of `namespace` (one cache for the shard agent and the
@@ -149,21 +131,6 @@ pub fn catalog(
     (CatalogStores { templates: mt_store, release_metas: mrm_store, crds: crd_stores }, changes)
 }
 
-/// Keeps of an access Secret's metadata only what is read: name, namespace, labels, uid and
-/// resourceVersion. Annotations go: after a client-side `kubectl apply` they hold the whole
-/// Secret, kubeconfig included (`last-applied-configuration`).
-fn trim_secret(secret: &mut PartialObjectMeta<Secret>) {
-    let meta = std::mem::take(&mut secret.metadata);
-    secret.metadata = kube::api::ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        labels: meta.labels,
-        uid: meta.uid,
-        resource_version: meta.resource_version,
-        ..kube::api::ObjectMeta::default()
-    };
-}
-
 /// Waits until a store finished its first list. A store's readiness signal wakes only its
 /// most recent waiter, and several tasks wait on the same stores, so poll it again
 /// periodically rather than sleeping on it.
@@ -177,37 +144,5 @@ where
             Ok(result) => return result.is_ok(),
             Err(_) => continue,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_secret_cache_keeps_no_annotations() {
-        let mut secret: PartialObjectMeta<Secret> = PartialObjectMeta {
-            types: None,
-            metadata: kube::api::ObjectMeta {
-                name: Some("s".into()),
-                namespace: Some("kcp-system".into()),
-                labels: Some([(KYMA_NAME_LABEL.to_owned(), "k".to_owned())].into()),
-                uid: Some("u".into()),
-                resource_version: Some("7".into()),
-                annotations: Some(
-                    [("kubectl.kubernetes.io/last-applied-configuration".to_owned(), "{\"data\":{}}".to_owned())]
-                        .into(),
-                ),
-                managed_fields: Some(vec![Default::default()]),
-                ..Default::default()
-            },
-            _phantom: std::marker::PhantomData,
-        };
-        trim_secret(&mut secret);
-        let m = &secret.metadata;
-        assert_eq!((m.name.as_deref(), m.namespace.as_deref()), (Some("s"), Some("kcp-system")));
-        assert_eq!((m.uid.as_deref(), m.resource_version.as_deref()), (Some("u"), Some("7")));
-        assert!(m.labels.is_some());
-        assert!(m.annotations.is_none() && m.managed_fields.is_none());
     }
 }

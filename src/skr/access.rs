@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::PartialObjectMeta;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use secrecy::SecretString;
 
 use crate::api::{KUBECONFIG_KEY, KYMA_NAME_LABEL};
@@ -124,66 +124,181 @@ pub fn find_access_secret<'a>(
     }
 }
 
-/// The access Secrets' metadata (the reflector cache) with an index from Kyma name to Secret
-/// names, so a sync looks its Secret up by name instead of scanning every Secret of the
-/// namespace (at 5,000 Kymas a scan per sync made a propagation quadratic).
-///
-/// The index may name Secrets the cache no longer holds, or that carry another Kyma's label
-/// by now; lookups check every candidate against the cache, which stays the truth.
+/// An access Secret as a sync needs it: its name, and the version an access built from it
+/// depends on (`uid/resourceVersion`, [`crate::skr::connector::secret_version`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretRef {
+    /// The Secret's name in the Kymas' namespace.
+    pub name: String,
+    /// `uid/resourceVersion`.
+    pub version: String,
+}
+
+impl SecretRef {
+    /// The reference to the Secret `meta` describes.
+    pub fn of(meta: &PartialObjectMeta<Secret>) -> Self {
+        Self {
+            name: meta.metadata.name.clone().unwrap_or_default(),
+            version: crate::skr::connector::secret_version(meta),
+        }
+    }
+}
+
+/// One access Secret in [`AccessSecrets`]: the Kyma its label names and its version.
+struct Noted {
+    kyma: Box<str>,
+    version: Box<str>,
+}
+
+/// The Secrets of one list or watch, by name, and their names by Kyma.
+#[derive(Default)]
+struct Noting {
+    by_name: HashMap<Box<str>, Noted>,
+    by_kyma: HashMap<Box<str>, Vec<Box<str>>>,
+}
+
+impl Noting {
+    fn insert(&mut self, name: &str, kyma: &str, version: &str) {
+        let noted = Noted { kyma: kyma.into(), version: version.into() };
+        match self.by_name.insert(name.into(), noted) {
+            Some(old) if *old.kyma == *kyma => return,
+            Some(old) => self.unindex(&old.kyma, name),
+            None => {}
+        }
+        // A Kyma has one Secret, rarely two: a short vector costs a fraction of a set.
+        self.by_kyma.entry(kyma.into()).or_default().push(name.into());
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Some(old) = self.by_name.remove(name) {
+            self.unindex(&old.kyma, name);
+        }
+    }
+
+    fn unindex(&mut self, kyma: &str, name: &str) {
+        if let Some(names) = self.by_kyma.get_mut(kyma) {
+            names.retain(|n| **n != *name);
+            if names.is_empty() {
+                self.by_kyma.remove(kyma);
+            }
+        }
+    }
+}
+
+/// What the replica knows of the access Secrets of the Kymas' namespace, filled by their
+/// metadata watch ([`AccessSecrets::apply`]): per Secret its name, the Kyma its label names and
+/// its version, nothing else (about 0.4 KB a Secret; the typed metadata in a reflector cache
+/// and an index by Kyma took about 1.7 KB). A (re-)list replaces all of it when it ends, as a
+/// reflector cache does, so a Secret deleted while the watch was down is forgotten.
 #[derive(Clone)]
 pub struct AccessSecrets {
-    store: Store<PartialObjectMeta<Secret>>,
-    by_kyma: Arc<Mutex<HashMap<String, Vec<String>>>>,
+    namespace: Arc<str>,
+    inner: Arc<Mutex<SecretsInner>>,
+    ready: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+#[derive(Default)]
+struct SecretsInner {
+    known: Noting,
+    /// The Secrets of a list in progress, which replace `known` when it ends.
+    listing: Option<Noting>,
 }
 
 impl AccessSecrets {
-    /// An index over `store`; feed it every Secret the watch sees with [`AccessSecrets::note`].
-    pub fn new(store: Store<PartialObjectMeta<Secret>>) -> Self {
-        Self { store, by_kyma: Arc::default() }
-    }
-
-    fn index(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<String>>> {
-        // Each critical section is a single map operation, so a poisoned map is consistent.
-        self.by_kyma.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Records a Secret the watch delivers. Called before the cache stores it, so whatever
-    /// the cache holds is indexed.
-    pub fn note(&self, secret: &PartialObjectMeta<Secret>) {
-        let kyma = secret.metadata.labels.as_ref().and_then(|l| l.get(KYMA_NAME_LABEL));
-        if let (Some(kyma), Some(name)) = (kyma, secret.metadata.name.as_ref()) {
-            // A Kyma has one Secret, rarely two: a short vector costs a fraction of a set.
-            let mut index = self.index();
-            let names = index.entry(kyma.clone()).or_default();
-            if !names.contains(name) {
-                names.push(name.clone());
-            }
+    /// Nothing known yet of the access Secrets of `namespace`; not ready until the first list
+    /// ended.
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            namespace: namespace.into(),
+            inner: Arc::default(),
+            ready: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }
 
-    /// Forgets a deleted Secret (called after the cache dropped it).
-    pub fn forget(&self, secret: &PartialObjectMeta<Secret>) {
-        let kyma = secret.metadata.labels.as_ref().and_then(|l| l.get(KYMA_NAME_LABEL));
-        if let (Some(kyma), Some(name)) = (kyma, secret.metadata.name.as_ref()) {
-            let mut index = self.index();
-            if let Some(names) = index.get_mut(kyma) {
-                names.retain(|n| n != name);
-                if names.is_empty() {
-                    index.remove(kyma);
+    fn lock(&self) -> std::sync::MutexGuard<'_, SecretsInner> {
+        // Each critical section leaves the maps consistent, so a poisoned lock is harmless.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes in one event of the Secrets' metadata watch. Returns the Kyma whose Secret was
+    /// listed or changed (a deleted Secret names none), to be reconciled.
+    pub fn apply(&self, event: &watcher::Event<PartialObjectMeta<Secret>>) -> Option<String> {
+        let mut inner = self.lock();
+        match event {
+            watcher::Event::Init => {
+                inner.listing = Some(Noting::default());
+                None
+            }
+            watcher::Event::InitApply(secret) => {
+                let (name, kyma, version) = self.read(secret)?;
+                inner.listing.get_or_insert_default().insert(name, kyma, &version);
+                Some(kyma.to_owned())
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = inner.listing.take() {
+                    inner.known = listed;
                 }
+                drop(inner);
+                self.ready.send_replace(true);
+                None
+            }
+            watcher::Event::Apply(secret) => {
+                let (name, kyma, version) = self.read(secret)?;
+                inner.known.insert(name, kyma, &version);
+                Some(kyma.to_owned())
+            }
+            watcher::Event::Delete(secret) => {
+                inner.known.remove(secret.metadata.name.as_deref()?);
+                None
             }
         }
+    }
+
+    /// Name, Kyma label and version of a Secret of the namespace, or `None` for anything else.
+    fn read<'a>(&self, secret: &'a PartialObjectMeta<Secret>) -> Option<(&'a str, &'a str, String)> {
+        let meta = &secret.metadata;
+        if meta.namespace.as_deref().is_some_and(|ns| *ns != *self.namespace) {
+            return None;
+        }
+        let kyma = meta.labels.as_ref()?.get(KYMA_NAME_LABEL)?;
+        Some((meta.name.as_deref()?, kyma, crate::skr::connector::secret_version(secret)))
+    }
+
+    /// Whether the first list ended.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Waits until the first list ended.
+    pub async fn until_ready(&self) {
+        let mut ready = self.ready.subscribe();
+        // The sender lives as long as `self`, so this ends only when ready.
+        let _ = ready.wait_for(|r| *r).await;
     }
 
     /// The one access Secret of `kyma` in `namespace`, as [`find_access_secret`] picks it.
     ///
     /// # Errors
     /// As [`find_access_secret`].
-    pub fn find(&self, kyma: &str, namespace: &str) -> Result<PartialObjectMeta<Secret>> {
-        let names: Vec<String> = self.index().get(kyma).into_iter().flatten().cloned().collect();
-        let candidates: Vec<Arc<PartialObjectMeta<Secret>>> =
-            names.iter().filter_map(|name| self.store.get(&ObjectRef::new(name).within(namespace))).collect();
-        find_access_secret(candidates.iter().map(AsRef::as_ref), kyma, namespace).cloned()
+    pub fn find(&self, kyma: &str, namespace: &str) -> Result<SecretRef> {
+        let missing = || SyncError::AccessSecretMissing { kyma: kyma.to_owned(), namespace: namespace.to_owned() };
+        if namespace != &*self.namespace {
+            return Err(missing());
+        }
+        let inner = self.lock();
+        let known = &inner.known;
+        match known.by_kyma.get(kyma).map(Vec::as_slice).unwrap_or_default() {
+            [] => Err(missing()),
+            [name] => {
+                let version = known.by_name.get(name).map(|n| n.version.to_string()).unwrap_or_default();
+                Ok(SecretRef { name: name.to_string(), version })
+            }
+            names => {
+                let mut names: Vec<String> = names.iter().map(ToString::to_string).collect();
+                names.sort_unstable();
+                Err(SyncError::AccessSecretAmbiguous { kyma: kyma.to_owned(), count: names.len(), names })
+            }
+        }
     }
 }
 
@@ -429,33 +544,83 @@ mod tests {
         assert!(matches!(find_access_secret(&secrets, "k1", "other"), Err(SyncError::AccessSecretMissing { .. })));
     }
 
+    fn versioned(name: &str, kyma: &str, version: &str) -> PartialObjectMeta<Secret> {
+        let mut s = secret(name, kyma);
+        s.metadata.uid = Some(format!("uid-{name}"));
+        s.metadata.resource_version = Some(version.into());
+        s
+    }
+
     #[test]
-    fn the_index_finds_what_the_cache_holds() {
+    fn the_secrets_are_found_by_kyma_with_their_version() {
         use kube::runtime::watcher::Event;
-        let (store, mut writer) = kube::runtime::reflector::store();
-        let secrets = AccessSecrets::new(store);
-        let mut apply = |s: PartialObjectMeta<Secret>| {
-            secrets.note(&s);
-            writer.apply_watcher_event(&Event::Apply(s));
-        };
-        apply(secret("a", "k1"));
-        apply(secret("b", "k2"));
-        apply(secret("c", "k2"));
-        let name = |r: Result<PartialObjectMeta<Secret>>| r.ok().and_then(|s| s.metadata.name);
-        assert_eq!(name(secrets.find("k1", "kcp-system")), Some("a".into()));
-        assert!(matches!(secrets.find("k2", "kcp-system"), Err(SyncError::AccessSecretAmbiguous { count: 2, .. })));
+        let secrets = AccessSecrets::new("kcp-system");
+        assert!(!secrets.is_ready());
+        let listed = [Event::Init, Event::InitApply(versioned("a", "k1", "1")), Event::InitApply(secret("b", "k2"))];
+        let kymas: Vec<_> = listed.iter().map(|e| secrets.apply(e)).collect();
+        assert_eq!(kymas, [None, Some("k1".to_owned()), Some("k2".to_owned())]);
+        // Nothing is known until the list ended.
+        assert!(!secrets.is_ready());
+        assert!(matches!(secrets.find("k1", "kcp-system"), Err(SyncError::AccessSecretMissing { .. })));
+        assert_eq!(secrets.apply(&Event::InitDone), None);
+        assert!(secrets.is_ready());
+        let found = secrets.find("k1", "kcp-system").ok();
+        assert_eq!(found, Some(SecretRef { name: "a".into(), version: "uid-a/1".into() }));
         assert!(matches!(secrets.find("k1", "other"), Err(SyncError::AccessSecretMissing { .. })));
-        // Relabelled from k2 to k3: found under k3 only, although the index still names it
-        // under k2.
-        apply(secret("c", "k3"));
-        assert_eq!(name(secrets.find("k2", "kcp-system")), Some("b".into()));
-        assert_eq!(name(secrets.find("k3", "kcp-system")), Some("c".into()));
-        // Deleted: gone from the cache first, then from the index.
-        let b = secret("b", "k2");
-        writer.apply_watcher_event(&Event::Delete(b.clone()));
+
+        // A second Secret for k2: ambiguous, both named.
+        assert_eq!(secrets.apply(&Event::Apply(secret("c", "k2"))), Some("k2".to_owned()));
+        let err = secrets.find("k2", "kcp-system").err();
+        assert!(
+            matches!(&err, Some(SyncError::AccessSecretAmbiguous { count: 2, names, .. }) if names == &["b", "c"]),
+            "{err:?}"
+        );
+        // Relabelled from k2 to k3: found under k3 only.
+        assert_eq!(secrets.apply(&Event::Apply(secret("c", "k3"))), Some("k3".to_owned()));
+        assert_eq!(secrets.find("k2", "kcp-system").ok().map(|s| s.name), Some("b".into()));
+        assert_eq!(secrets.find("k3", "kcp-system").ok().map(|s| s.name), Some("c".into()));
+        // A new version.
+        secrets.apply(&Event::Apply(versioned("a", "k1", "2")));
+        assert_eq!(secrets.find("k1", "kcp-system").ok().map(|s| s.version), Some("uid-a/2".into()));
+        // Deleted.
+        assert_eq!(secrets.apply(&Event::Delete(secret("b", "k2"))), None);
         assert!(matches!(secrets.find("k2", "kcp-system"), Err(SyncError::AccessSecretMissing { .. })));
-        secrets.forget(&b);
-        assert!(matches!(secrets.find("k2", "kcp-system"), Err(SyncError::AccessSecretMissing { .. })));
+        // A Secret of another namespace, or without the label, is no access Secret.
+        let mut elsewhere = secret("d", "k4");
+        elsewhere.metadata.namespace = Some("other".into());
+        assert_eq!(secrets.apply(&Event::Apply(elsewhere)), None);
+        let mut unlabelled = secret("e", "k5");
+        unlabelled.metadata.labels = None;
+        assert_eq!(secrets.apply(&Event::Apply(unlabelled)), None);
+        assert!(matches!(secrets.find("k4", "kcp-system"), Err(SyncError::AccessSecretMissing { .. })));
+
+        // A re-list replaces everything when it ends: k3's Secret was deleted meanwhile.
+        for event in [Event::Init, Event::InitApply(versioned("a", "k1", "3"))] {
+            secrets.apply(&event);
+        }
+        assert_eq!(secrets.find("k3", "kcp-system").ok().map(|s| s.name), Some("c".into()), "kept until the list ends");
+        secrets.apply(&Event::InitDone);
+        assert!(matches!(secrets.find("k3", "kcp-system"), Err(SyncError::AccessSecretMissing { .. })));
+        assert_eq!(secrets.find("k1", "kcp-system").ok().map(|s| s.version), Some("uid-a/3".into()));
+        assert!(secrets.is_ready());
+    }
+
+    #[tokio::test]
+    async fn readiness_waits_for_the_first_list() {
+        use kube::runtime::watcher::Event;
+        let secrets = AccessSecrets::new("kcp-system");
+        let waiting = tokio::spawn({
+            let secrets = secrets.clone();
+            async move { secrets.until_ready().await }
+        });
+        secrets.apply(&Event::Init);
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        secrets.apply(&Event::InitDone);
+        tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("ready within 5 s").expect("no panic");
+        // Ready stays ready, also during a later re-list.
+        secrets.apply(&Event::Init);
+        tokio::time::timeout(Duration::from_secs(5), secrets.until_ready()).await.expect("still ready");
     }
 
     fn settings() -> AccessSettings {

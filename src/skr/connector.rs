@@ -12,7 +12,7 @@ use kube::{Api, Client};
 
 use crate::catalog::{CatalogKind, KindMemory};
 use crate::error::{Result, SyncError};
-use crate::skr::access::{AccessSettings, SkrAccess};
+use crate::skr::access::{AccessSettings, SecretRef, SkrAccess};
 
 /// What this replica knows of one SKR between syncs.
 #[derive(Debug, Default)]
@@ -106,9 +106,9 @@ impl SkrConnector {
     ///
     /// # Errors
     /// [`SyncError::ReadAccessSecret`] or [`SyncError::AccessSecretInvalid`].
-    pub async fn connect(&self, secret: &PartialObjectMeta<Secret>) -> Result<SkrEntry> {
-        let version = secret_version(secret);
-        let name = secret.metadata.name.clone().unwrap_or_default();
+    pub async fn connect(&self, secret: &SecretRef) -> Result<SkrEntry> {
+        let version = secret.version.clone();
+        let name = secret.name.clone();
         let secrets = Api::<Secret>::namespaced(self.kcp.clone(), &self.namespace);
         let full = crate::kcp::bounded(self.kcp_timeout, secrets.get(&name))
             .await

@@ -7,5 +7,5 @@ pub mod destination;
 pub mod kubeconfig;
 pub mod request;
 
-pub use access::{AccessSecrets, AccessSettings, find_access_secret};
+pub use access::{AccessSecrets, AccessSettings, SecretRef, find_access_secret};
 pub use connector::{Recalled, SkrConnector, SkrEntry, SkrState};

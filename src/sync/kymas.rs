@@ -7,14 +7,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::PartialObjectMeta;
-
 use crate::catalog::{CatalogKind, Comparison};
 use crate::error::Result;
 use crate::metrics::{EvictionReason, SkrClientMetrics, SyncMetrics};
-use crate::skr::connector::secret_version;
-use crate::skr::{SkrConnector, SkrEntry};
+use crate::skr::{SecretRef, SkrConnector, SkrEntry};
 use crate::sync::recall::Kept;
 
 /// The records of the Kymas this replica syncs, keyed by Kyma name.
@@ -256,15 +252,10 @@ impl KymaRecords {
     ///
     /// # Errors
     /// Those of [`SkrConnector::connect`].
-    pub async fn skr(
-        &self,
-        kyma: &str,
-        secret: &PartialObjectMeta<Secret>,
-        connector: &SkrConnector,
-    ) -> Result<Arc<SkrEntry>> {
-        let version = secret_version(secret);
+    pub async fn skr(&self, kyma: &str, secret: &SecretRef, connector: &SkrConnector) -> Result<Arc<SkrEntry>> {
+        let version = &secret.version;
         let kept = self.lock().by_kyma.get(kyma).and_then(|r| r.skr.clone());
-        if let Some(entry) = kept.filter(|e| e.secret_version == version) {
+        if let Some(entry) = kept.filter(|e| e.secret_version == *version) {
             return Ok(entry);
         }
         let mut entry = connector.connect(secret).await?;
@@ -272,7 +263,7 @@ impl KymaRecords {
             let mut records = self.lock();
             let record = records.record(kyma);
             // Kept for this Secret version only: another version may name another cluster.
-            if let Some(kept) = record.recalled.take().filter(|k| k.secret_version == version) {
+            if let Some(kept) = record.recalled.take().filter(|k| k.secret_version == *version) {
                 entry.state.get_mut().recalled = Some(kept.state);
             }
             let entry = Arc::new(entry);
