@@ -76,6 +76,15 @@ pub fn proc_sample(pid: u32) -> Result<ProcSample> {
     Ok(ProcSample { cpu_seconds, rss_mib: kib("VmRSS:") / 1024.0, peak_rss_mib: kib("VmHWM:") / 1024.0 })
 }
 
+/// Resets the peak resident set size (`VmHWM`) of `pid` to its current RSS (`clear_refs`,
+/// value 5), so that a later [`proc_sample`] shows the peak since now.
+///
+/// # Errors
+/// Fails when the process is gone or the kernel refuses.
+pub fn reset_peak_rss(pid: u32) -> Result<()> {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").with_context(|| format!("resetting the peak RSS of {pid}"))
+}
+
 /// A Kyma name shaped like a runtime ID (a UUID), deterministic in `i`.
 pub fn kyma_name(i: usize) -> String {
     let h = xxhash_rust::xxh3::xxh3_128(&(i as u64).to_le_bytes());
@@ -561,6 +570,14 @@ current-context: skr
     /// [`ProcSample`] of every running replica, by identity.
     pub fn replica_samples(&self) -> BTreeMap<String, ProcSample> {
         self.replicas.iter().filter_map(|(id, r)| proc_sample(r.process.pid()).ok().map(|s| (id.clone(), s))).collect()
+    }
+
+    /// Resets the peak RSS of every replica ([`reset_peak_rss`]).
+    ///
+    /// # Errors
+    /// Fails when a replica's peak cannot be reset.
+    pub fn reset_replica_peaks(&self) -> Result<()> {
+        self.replicas.values().try_for_each(|r| reset_peak_rss(r.process.pid()))
     }
 
     /// Starts the baseline against this KCP, reproducing the `reconcile` parts of KLM's Kyma

@@ -10,7 +10,7 @@ use super::RunArgs;
 use super::rows::{NewModuleRow, PropagationRow, SteadyRow};
 use super::setup::{new_module_objects, probe_mt, release, traffic};
 use crate::baseline::Reconcile;
-use crate::bench::{BASELINE_USER, Baseline, Bench, Reached, marks_until, proc_sample};
+use crate::bench::{BASELINE_USER, Baseline, Bench, Reached, marks_until, proc_sample, reset_peak_rss};
 use crate::sim::MARK_ANNOTATION;
 use crate::stats::unix_ms;
 
@@ -43,6 +43,7 @@ pub(super) async fn baseline(args: &RunArgs, bench: &Bench) -> Result<BaselineRo
     sim.reset().await?;
     process.admin.reset().await?;
     let cpu0 = proc_sample(process.pid())?;
+    reset_peak_rss(process.pid())?;
     let sim_pid = bench.sim()?.pid();
     let sim0 = proc_sample(sim_pid)?;
     let t0 = unix_ms();
@@ -96,6 +97,7 @@ pub(super) async fn baseline(args: &RunArgs, bench: &Bench) -> Result<BaselineRo
             kcp_writes: kcp_writes as u64,
             kcp_lease_writes: 0,
             cpu_seconds_per_period: vec![(cpu1.cpu_seconds - cpu0.cpu_seconds) / periods],
+            start_peak_rss_mib: vec![cpu0.peak_rss_mib],
             peak_rss_mib: vec![cpu1.peak_rss_mib],
             sim_cpu_seconds_per_period: (sim1.cpu_seconds - sim0.cpu_seconds) / periods,
         },

@@ -353,7 +353,9 @@ pub struct SteadyRow {
     pub kcp_lease_writes: u64,
     /// CPU seconds per period, per process.
     pub cpu_seconds_per_period: Vec<f64>,
-    /// Peak RSS, MiB, per process.
+    /// Peak RSS, MiB, per process, from its start to the window's start.
+    pub start_peak_rss_mib: Vec<f64>,
+    /// Peak RSS, MiB, per process, within the window.
     pub peak_rss_mib: Vec<f64>,
     /// The simulator's CPU seconds per period.
     pub sim_cpu_seconds_per_period: f64,
@@ -361,7 +363,7 @@ pub struct SteadyRow {
 
 impl SteadyRow {
     /// The table's header.
-    pub const HEADER: [&str; 10] = [
+    pub const HEADER: [&str; 11] = [
         "run",
         "periods",
         "SKR requests / SKR / period",
@@ -369,7 +371,8 @@ impl SteadyRow {
         "KCP writes (non-Lease)",
         "KCP Lease writes",
         "CPU s / period, per replica",
-        "peak RSS MiB, per replica",
+        "peak RSS MiB before the window, per replica",
+        "peak RSS MiB in the window, per replica",
         "simulator CPU s / period",
         "by verb",
     ];
@@ -387,6 +390,7 @@ impl Row for SteadyRow {
             self.kcp_writes.to_string(),
             self.kcp_lease_writes.to_string(),
             joined(&self.cpu_seconds_per_period, f2),
+            joined(&self.start_peak_rss_mib, f1),
             joined(&self.peak_rss_mib, f1),
             f2(self.sim_cpu_seconds_per_period),
             t.verbs(),
@@ -731,6 +735,7 @@ mod tests {
             kcp_writes: 7,
             kcp_lease_writes: 9,
             cpu_seconds_per_period: vec![0.5, 0.25],
+            start_peak_rss_mib: vec![110.0, 121.0],
             peak_rss_mib: vec![100.0, 120.04],
             sim_cpu_seconds_per_period: 0.1,
         }
@@ -739,7 +744,7 @@ mod tests {
     #[test]
     fn steady_rows_show_configured_periods_whole_and_estimated_ones_with_decimals() {
         let catalogsync = steady(3.0).cells();
-        assert_eq!(catalogsync[1..8], ["3", "0.83", "100", "7", "9", "0.50 / 0.25", "100.0 / 120.0"]);
+        assert_eq!(catalogsync[1..9], ["3", "0.83", "100", "7", "9", "0.50 / 0.25", "110.0 / 121.0", "100.0 / 120.0"]);
         let baseline = steady(0.8).cells();
         assert_eq!(baseline[1..5], ["0.80", "3.12", "100", "7"]);
     }

@@ -29,6 +29,9 @@ pub(super) async fn steady(bench: &mut Bench, period: Duration) -> Result<Steady
     let sim_pid = bench.sim()?.pid();
     let sim0 = proc_sample(sim_pid)?;
     let cpu0 = bench.replica_samples();
+    // The start's peak (cold or recalled syncs of every SKR) is reported apart from the
+    // window's.
+    bench.reset_replica_peaks()?;
     let t0 = unix_ms();
     tokio::time::sleep(period * PERIODS).await;
     let t1 = unix_ms();
@@ -41,6 +44,7 @@ pub(super) async fn steady(bench: &mut Bench, period: Duration) -> Result<Steady
         .iter()
         .map(|(id, s)| (s.cpu_seconds - cpu0.get(id).map(|c| c.cpu_seconds).unwrap_or_default()) / periods)
         .collect();
+    let start_peaks = cpu0.values().map(|s| s.peak_rss_mib).collect();
     let peaks = cpu1.values().map(|s| s.peak_rss_mib).collect();
     // Replicas that resync every few seconds never have "no sync in flight", which the
     // following phases wait for.
@@ -52,6 +56,7 @@ pub(super) async fn steady(bench: &mut Bench, period: Duration) -> Result<Steady
         kcp_writes: other_writes as u64,
         kcp_lease_writes: lease_writes as u64,
         cpu_seconds_per_period: cpu,
+        start_peak_rss_mib: start_peaks,
         peak_rss_mib: peaks,
         sim_cpu_seconds_per_period: (sim1.cpu_seconds - sim0.cpu_seconds) / periods,
     })
