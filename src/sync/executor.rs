@@ -250,6 +250,7 @@ impl SkrTarget<'_> {
                 if let Err(err) = self.execute(kind, &plan, memory, &mut report).await {
                     first_error.get_or_insert(err);
                 }
+                memory.shrink();
                 continue;
             }
             let observed = match self.list(kind, !warm).await {
@@ -274,6 +275,7 @@ impl SkrTarget<'_> {
             if let Err(err) = self.execute(kind, &plan, memory, &mut report).await {
                 first_error.get_or_insert(err);
             }
+            memory.shrink();
         }
         match first_error {
             Some(err) => Err(err),

@@ -455,6 +455,87 @@ fn memory_matches_exactly_the_remembered_version_and_hash() {
 }
 
 #[test]
+fn a_version_turns_from_text_to_number_and_back() {
+    let mut memory = KindMemory::new();
+    memory.remember("keda-1.0.0", "0012", 7);
+    memory.remember("keda-1.0.0", "12", 7);
+    assert!(memory.matches("keda-1.0.0", "12", 7) && !memory.saw("keda-1.0.0", "0012"));
+    memory.remember("keda-1.0.0", "x", 7);
+    assert!(memory.saw("keda-1.0.0", "x") && !memory.saw("keda-1.0.0", "12"));
+    memory.remember("keda-1.0.0", "y", 7);
+    assert!(memory.saw("keda-1.0.0", "y") && !memory.saw("keda-1.0.0", "x"));
+    memory.forget("keda-1.0.0");
+    memory.remember("keda-1.0.0", "0", 7);
+    assert!(memory.saw("keda-1.0.0", "0") && !memory.saw("keda-1.0.0", "y"));
+    assert_eq!(memory.len(), 1);
+}
+
+/// The digest's bytes are what records kept by earlier releases were made of: per name, in
+/// the order of its key (xxh3-64 of the name), the key, the resourceVersion's length and
+/// text, and the content hash, little-endian; xxh3-128 of all.
+#[test]
+fn the_digest_keeps_its_format() {
+    let entries = [("serverless-2.0.0", "18", 2u64), ("keda-1.0.0", "017", 1), ("eventing-1.1.0", "123456789", 9)];
+    let mut keyed: Vec<(u64, &str, u64)> =
+        entries.iter().map(|(name, rv, hash)| (xxhash_rust::xxh3::xxh3_64(name.as_bytes()), *rv, *hash)).collect();
+    keyed.sort_unstable_by_key(|(key, _, _)| *key);
+    let mut bytes = Vec::new();
+    for (key, rv, hash) in keyed {
+        bytes.extend_from_slice(&key.to_le_bytes());
+        bytes.extend_from_slice(&(rv.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(rv.as_bytes());
+        bytes.extend_from_slice(&hash.to_le_bytes());
+    }
+    assert_eq!(remember(&entries).digest(), xxhash_rust::xxh3::xxh3_128(&bytes));
+}
+
+proptest::proptest! {
+    /// The memory behaves as a map from name to (resourceVersion, hash), whatever the order
+    /// of operations, and its digest depends on the content only.
+    #[test]
+    fn memory_is_a_map_of_names(ops in proptest::collection::vec(
+        (0u8..4, 0usize..12, proptest::sample::select(vec!["1", "17", "017", "x", "0", "18446744073709551615"]), 0u64..3),
+        0..60,
+    )) {
+        let mut memory = KindMemory::new();
+        let mut model: BTreeMap<String, (String, u64)> = BTreeMap::new();
+        for (op, n, rv, hash) in ops {
+            let name = format!("module-{n}");
+            match op {
+                0 | 1 => {
+                    memory.remember(&name, rv, hash);
+                    model.insert(name, (rv.to_owned(), hash));
+                }
+                2 => {
+                    memory.forget(&name);
+                    model.remove(&name);
+                }
+                _ => {
+                    let keep: Vec<String> = model.keys().filter(|k| k.len() % 2 == 0).cloned().collect();
+                    memory.retain_names(keep.iter().map(String::as_str));
+                    model.retain(|k, _| keep.contains(k));
+                }
+            }
+            memory.shrink();
+        }
+        proptest::prop_assert_eq!(memory.len(), model.len());
+        for n in 0..12 {
+            let name = format!("module-{n}");
+            for rv in ["1", "17", "017", "x", "0", "18446744073709551615"] {
+                let want = model.get(&name).is_some_and(|(r, _)| r == rv);
+                proptest::prop_assert_eq!(memory.saw(&name, rv), want);
+                for hash in 0..3 {
+                    proptest::prop_assert_eq!(memory.matches(&name, rv, hash), model.get(&name) == Some(&(rv.to_owned(), hash)));
+                }
+            }
+        }
+        let rebuilt = remember(&model.iter().rev().map(|(n, (r, h))| (n.as_str(), r.as_str(), *h)).collect::<Vec<_>>());
+        proptest::prop_assert_eq!(&rebuilt, &memory);
+        proptest::prop_assert_eq!(rebuilt.digest(), memory.digest());
+    }
+}
+
+#[test]
 fn a_digest_depends_on_every_name_version_and_hash_and_not_on_order() {
     let a = remember(&[("keda-1.0.0", "17", 1), ("serverless-2.0.0", "18", 2)]);
     let b = remember(&[("serverless-2.0.0", "18", 2), ("keda-1.0.0", "17", 1)]);
