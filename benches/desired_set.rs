@@ -28,7 +28,7 @@ fn bench_desired_set(c: &mut Criterion) {
 
     let descriptor_bytes: usize =
         mts.iter().map(|mt| serde_json::to_vec(&mt.data["spec"]["descriptor"]).map_or(0, |b| b.len())).sum();
-    let payload_bytes: usize = snapshot.templates.values().map(|mt| mt.body.json().get().len()).sum();
+    let payload_bytes: usize = snapshot.templates.values().map(|mt| mt.body.bytes().len()).sum();
     eprintln!(
         "catalog: {} MTs (descriptor {} B on average, rendered copy {} B on average), {} MRMs, {} malformed; \
          desired set: plain Kyma {} MTs + {} MRMs, beta+internal Kyma {} MTs + {} MRMs",

@@ -92,15 +92,15 @@ pub fn content_hash(value: &serde_json::Value) -> u64 {
 }
 
 /// A rendered copy serialized once, as every SKR gets it in its apply body. Applies send
-/// these bytes as they are, so an apply to thousands of SKRs does not encode the ~30 KB copy
-/// thousands of times.
+/// these bytes as they are, shared and not copied, so an apply to thousands of SKRs neither
+/// encodes the ~30 KB copy thousands of times nor holds a copy of it per apply in flight.
 #[derive(Debug, Clone)]
-pub struct CopyBody(std::sync::Arc<serde_json::value::RawValue>);
+pub struct CopyBody(bytes::Bytes);
 
 impl CopyBody {
-    /// The JSON text.
-    pub fn json(&self) -> &serde_json::value::RawValue {
-        &self.0
+    /// The JSON text, shared (a reference count, not a copy).
+    pub fn bytes(&self) -> bytes::Bytes {
+        self.0.clone()
     }
 
     /// The copy as a JSON value, parsed from the body: for the rare replace of a copy whose
@@ -109,18 +109,18 @@ impl CopyBody {
     /// # Errors
     /// None in practice: the body was serialized from a JSON value.
     pub fn value(&self) -> serde_json::Result<serde_json::Value> {
-        serde_json::from_str(self.0.get())
+        serde_json::from_slice(&self.0)
     }
 
     /// Whether both are the same serialization (shared, not only equal).
     pub fn is_shared_with(&self, other: &CopyBody) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0)
+        self.0.as_ptr() == other.0.as_ptr() && self.0.len() == other.0.len()
     }
 }
 
 impl PartialEq for CopyBody {
     fn eq(&self, other: &Self) -> bool {
-        self.0.get() == other.0.get()
+        self.0 == other.0
     }
 }
 
@@ -128,7 +128,8 @@ impl PartialEq for CopyBody {
 /// bytes).
 pub fn serialize_copy(value: &serde_json::Value) -> (CopyBody, u64) {
     // Encoding a `Value` cannot fail: its map keys are strings and its numbers are finite.
-    let raw = serde_json::value::to_raw_value(value).expect("a JSON value always encodes");
-    let hash = xxhash_rust::xxh3::xxh3_64(raw.get().as_bytes());
-    (CopyBody(std::sync::Arc::from(raw)), hash)
+    let text = serde_json::to_vec(value).expect("a JSON value always encodes");
+    let hash = xxhash_rust::xxh3::xxh3_64(&text);
+    // A boxed slice: no spare capacity kept with each copy.
+    (CopyBody(bytes::Bytes::from(text.into_boxed_slice())), hash)
 }

@@ -97,7 +97,19 @@ impl SkrClient {
     /// # Errors
     /// As [`SkrClient::bytes`], or a [`kube::Error::SerdeError`] with a bounded message.
     pub async fn json<T: DeserializeOwned>(&self, request: http::Request<Vec<u8>>) -> Result<T, kube::Error> {
-        let body = self.bytes(request).await?;
+        self.json_of(request.map(kube::client::Body::from)).await
+    }
+
+    /// [`SkrClient::json`] for a request whose body is already a [`kube::client::Body`] (a
+    /// shared apply body).
+    ///
+    /// # Errors
+    /// As [`SkrClient::json`].
+    pub async fn json_of<T: DeserializeOwned>(
+        &self,
+        request: http::Request<kube::client::Body>,
+    ) -> Result<T, kube::Error> {
+        let body = self.read(request).await?;
         serde_json::from_slice(&body).map_err(bounded_serde_error)
     }
 
@@ -108,7 +120,11 @@ impl SkrClient {
     /// answer; [`ResponseTooLarge`] (as a [`kube::Error::Service`]) for an answer over the
     /// limit.
     pub async fn bytes(&self, request: http::Request<Vec<u8>>) -> Result<Vec<u8>, kube::Error> {
-        let response = self.client.send(request.map(kube::client::Body::from)).await?;
+        self.read(request.map(kube::client::Body::from)).await
+    }
+
+    async fn read(&self, request: http::Request<kube::client::Body>) -> Result<Vec<u8>, kube::Error> {
+        let response = self.client.send(request).await?;
         let code = response.status();
         let declared = response
             .headers()

@@ -377,12 +377,15 @@ impl SkrTarget<'_> {
         let wrap = |source| SyncError::ApplySkrObject { kind, name: obj.name.clone(), source: Box::new(source) };
         let build = |e| wrap(kube::Error::BuildRequest(e));
         let copies = copies(kind, self.namespace);
-        // The body goes out as serialized once per catalog change; the answer is decoded
-        // only as far as the resourceVersion and the field managers.
-        let request =
-            copies.patch_metadata(&obj.name, &apply_params(), &Patch::Apply(obj.body.json())).map_err(build)?;
+        // The body goes out as serialized once per catalog change, shared by every apply of
+        // it (the request is built around an empty body, then given the copy's bytes); the
+        // answer is decoded only as far as the resourceVersion and the field managers.
+        let request = copies
+            .patch_metadata(&obj.name, &apply_params(), &Patch::Apply(()))
+            .map_err(build)?
+            .map(|_| kube::client::Body::from(obj.body.bytes()));
         self.check_ownership()?;
-        let res = self.bounded(self.client.json::<MetaOnly>(request)).await;
+        let res = self.bounded(self.client.json_of::<MetaOnly>(request)).await;
         self.metrics.request(SkrVerb::Apply, &res);
         let applied = res.map_err(wrap)?.metadata;
         let managers = || applied.managed_fields.iter().map(|f| f.manager.as_str());
@@ -960,7 +963,7 @@ mod tests {
             Some("application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"),
             "the answer's metadata only"
         );
-        assert_eq!(&body[..], object.body.json().get().as_bytes(), "the copy's bytes as serialized once");
+        assert_eq!(&body[..], &object.body.bytes()[..], "the copy's bytes as serialized once");
         assert_eq!(serde_json::from_slice::<Value>(&body).expect("JSON"), copy);
 
         // Nothing else was sent.

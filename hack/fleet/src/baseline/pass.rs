@@ -114,7 +114,13 @@ async fn sync_kind(
     let applies = desired.values().map(|object| {
         let (api, params) = (&api, &params);
         call(ctx, skr, Request::catalog(kind, Op::Apply), async move {
-            api.patch(&object.name, params, &Patch::Apply(object.body.json())).await.map(drop)
+            // What `Api::patch` sends, with the copy's serialized bytes (copied into the
+            // request, as kube's encoding of the copy did).
+            let request = kube::core::Request::new(api.resource_url())
+                .patch(&object.name, params, &Patch::Apply(()))
+                .map_err(kube::Error::BuildRequest)?
+                .map(|_| object.body.bytes().to_vec());
+            skr.client.request::<DynamicObject>(request).await.map(drop)
         })
     });
     let failed: Vec<RequestError> = future::join_all(applies).await.into_iter().filter_map(Result::err).collect();
