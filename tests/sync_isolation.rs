@@ -171,6 +171,11 @@ async fn bad_access_secrets_fail_only_their_kyma_and_heal_when_fixed() {
             "no successful request by {user} in skr-b after the fix"
         );
     }
+
+    // A deleted Secret is noticed at once, not at the next resync (5 minutes): its Kyma is
+    // reconciled and finds none.
+    s.delete_secret("healthy").await.expect("delete secret");
+    s.await_condition("healthy", "False", "AccessSecretMissing", PROMPT).await;
     assert!(s.catalogsync_running(), "catalogsync exited");
 }
 

@@ -225,11 +225,11 @@ impl AccessSecrets {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes in one event of the Secrets' metadata watch. Returns the Kyma whose Secret is new
-    /// or changed (another version or Kyma label), to be reconciled. The first list names
-    /// none: the controller starts after it and reconciles every Kyma anyway, so 5,000 Secrets
-    /// do not queue 5,000 extra reconciles. A later re-list names the Kymas whose Secret
-    /// changed while the watch was down; a deleted Secret names none.
+    /// Takes in one event of the Secrets' metadata watch. Returns the Kyma whose Secret is new,
+    /// changed (another version or Kyma label) or deleted, to be reconciled. The first list
+    /// names none: the controller starts after it and reconciles every Kyma anyway, so 5,000
+    /// Secrets do not queue 5,000 extra reconciles. A later re-list names the Kymas whose
+    /// Secret changed while the watch was down.
     pub fn apply(&self, event: &watcher::Event<PartialObjectMeta<Secret>>) -> Option<String> {
         let mut inner = self.lock();
         match event {
@@ -258,8 +258,9 @@ impl AccessSecrets {
                 changed.then(|| kyma.to_owned())
             }
             watcher::Event::Delete(secret) => {
-                inner.known.remove(secret.metadata.name.as_deref()?);
-                None
+                let (name, kyma, _) = self.read(secret)?;
+                inner.known.remove(name);
+                Some(kyma.to_owned())
             }
         }
     }
@@ -593,8 +594,8 @@ mod tests {
         assert_eq!(secrets.apply(&Event::Apply(versioned("a", "k1", "2"))), Some("k1".to_owned()));
         assert_eq!(secrets.apply(&Event::Apply(versioned("a", "k1", "2"))), None);
         assert_eq!(secrets.find("k1", "kcp-system").ok().map(|s| s.version), Some("uid-a/2".into()));
-        // Deleted.
-        assert_eq!(secrets.apply(&Event::Delete(secret("b", "k2"))), None);
+        // Deleted: its Kyma is reconciled (and finds no Secret).
+        assert_eq!(secrets.apply(&Event::Delete(secret("b", "k2"))), Some("k2".to_owned()));
         assert!(matches!(secrets.find("k2", "kcp-system"), Err(SyncError::AccessSecretMissing { .. })));
         // A Secret of another namespace, or without the label, is no access Secret.
         let mut elsewhere = secret("d", "k4");
