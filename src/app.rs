@@ -28,6 +28,7 @@ use crate::skr::kubeconfig::InsecureTls;
 use crate::skr::{AccessSecrets, AccessSettings, SkrConnector};
 use crate::sync::guard::ShrinkGuard;
 use crate::sync::kymas::KymaRecords;
+use crate::sync::label_keys::KymaLabelKeys;
 use crate::sync::publisher::PublisherContext;
 use crate::sync::publisher::run_catalog_loop;
 use crate::sync::recall::ShardMemory;
@@ -180,6 +181,8 @@ pub async fn run_with(
     let (requeue_tx, requeue_rx) = mpsc::channel(REQUEUE_CAPACITY);
     let view = ShardView::new(shards);
     let kymas = Arc::new(KymaRecords::new(metrics.sync.clone(), metrics.skr.clone()));
+    let (kyma_store, kyma_writer) = reflector::store();
+    let label_keys = KymaLabelKeys::new();
     let ctx = Arc::new(Context {
         kcp: kcp.clone(),
         connector: SkrConnector::new(kcp.clone(), ns.clone(), access, kcp_request_timeout),
@@ -208,9 +211,12 @@ pub async fn run_with(
         ),
         shards: view.clone(),
         kymas: Arc::clone(&kymas),
+        kyma_cache: kyma_store.clone(),
+        label_keys: label_keys.clone(),
     });
     let deleted_ctx = Arc::clone(&ctx);
-    let (kyma_store, kyma_changes) = watches::kymas(&kcp, &ns, move |kyma| deleted_ctx.forget_kyma(&kyma));
+    let kyma_changes =
+        watches::kymas(&kcp, &ns, kyma_writer, label_keys.clone(), move |kyma| deleted_ctx.forget_kyma(&kyma));
 
     // Secret changes requeue their Kyma through a channel, so the Secret cache fills (and
     // becomes ready) before the controller starts: no Kyma is judged against a partial cache.
@@ -320,6 +326,7 @@ pub async fn run_with(
             restricted_modules: ctx.settings.restricted_modules.clone(),
             guard: Some(ShrinkGuard::new(catalog_shrink_threshold, kcp.clone(), &lease_namespace, kcp_request_timeout)),
             debounce: catalog_debounce,
+            label_keys,
         },
     )
     .instrument(info_span!("catalog"));

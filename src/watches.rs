@@ -2,6 +2,8 @@
 //! returns what the rest of the replica reads (a store, an index) and the stream that fills it;
 //! the stream must be polled for the store to fill, and the caller decides where.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use futures::{Stream, StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
@@ -16,31 +18,50 @@ use crate::api::{KYMA_NAME_LABEL, Kyma, LEASE_TYPE_LABEL};
 use crate::catalog::CatalogKind;
 use crate::skr::AccessSecrets;
 use crate::sync::executor::skr_crd_names;
+use crate::sync::label_keys::{Keys, KymaLabelKeys};
 use crate::sync::reconciler;
 use crate::sync::state::{CatalogStores, EntryWriter};
 
-/// The Kymas of `namespace`: their store (trimmed to what the controller reads), and the stream
-/// of Kymas whose trigger fields changed ([`reconciler::trigger_hash`]), which drives the
-/// controller. `on_delete` hears of every deleted Kyma: deletes never reach the controller,
-/// and a Kyma deleted without finalizers shows no deletionTimestamp first.
+/// The Kymas of `namespace`, for the store `writer` fills: the stream of Kymas whose trigger
+/// fields changed ([`reconciler::trigger_hash`]), which drives the controller. Each Kyma is
+/// trimmed to what the controller reads, of its labels those `label_keys` wants
+/// ([`label_keys`](crate::sync::label_keys)); the watch starts once keys are wanted and lists
+/// again whenever they grow, and `label_keys` hears when a list is complete. `on_delete` hears
+/// of every deleted Kyma: deletes never reach the controller, and a Kyma deleted without
+/// finalizers shows no deletionTimestamp first.
 pub fn kymas(
     kcp: &Client,
     namespace: &str,
+    writer: reflector::store::Writer<Kyma>,
+    label_keys: KymaLabelKeys,
     on_delete: impl Fn(ObjectRef<Kyma>) + Send + 'static,
-) -> (Store<Kyma>, impl Stream<Item = Result<Kyma, watcher::Error>> + Send + 'static) {
-    let (store, writer) = reflector::store();
-    let changes = watcher(Api::<Kyma>::namespaced(kcp.clone(), namespace), watcher::Config::default())
-        .default_backoff()
-        .modify(reconciler::trim)
+) -> impl Stream<Item = Result<Kyma, watcher::Error>> + Send + 'static {
+    let api = Api::<Kyma>::namespaced(kcp.clone(), namespace);
+    // The keys of the generation being listed: set before its watch starts, read once the
+    // store took in a complete list.
+    let listing: Arc<Mutex<Option<Keys>>> = Arc::default();
+    let started = Arc::clone(&listing);
+    label_keys
+        .generations()
+        .flat_map(move |(keys, grown)| {
+            *started.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&keys));
+            watcher(api.clone(), watcher::Config::default())
+                .default_backoff()
+                .map_ok(move |event| event.modify(|kyma| reconciler::trim(kyma, &keys)))
+                .take_until(grown)
+        })
         .reflect(writer)
-        .inspect_ok(move |event| {
-            if let watcher::Event::Delete(kyma) = event {
-                on_delete(ObjectRef::from_obj(kyma));
+        .inspect_ok(move |event| match event {
+            watcher::Event::InitDone => {
+                if let Some(keys) = listing.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+                    label_keys.listed(keys);
+                }
             }
+            watcher::Event::Delete(kyma) => on_delete(ObjectRef::from_obj(kyma)),
+            _ => {}
         })
         .applied_objects()
-        .predicate_filter(reconciler::trigger_hash, PredicateConfig::default());
-    (store, changes)
+        .predicate_filter(reconciler::trigger_hash, PredicateConfig::default())
 }
 
 /// The access Secrets of `namespace` (metadata only; of each its name, Kyma label and version,

@@ -142,6 +142,63 @@ async fn restricted_modules_with_invalid_selectors_reach_no_skr() {
     assert_eq!(s.metric("catalogsync_catalog_skipped_release_metas", &["reason=\"invalid_selector\""]).await, 2.0);
 }
 
+/// Every name a kind's copies in `skr` have from now on, including ones created and pruned
+/// again in between (a watch, running until the test ends).
+fn names_ever_seen(api: kube::Api<kube::api::DynamicObject>) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = std::sync::Arc::clone(&seen);
+    tokio::spawn(watcher(api, watcher::Config::default()).applied_objects().for_each(move |obj| {
+        if let Ok(obj) = obj {
+            sink.lock().expect("names").push(obj.name_any());
+        }
+        futures::future::ready(())
+    }));
+    seen
+}
+
+#[tokio::test]
+async fn a_selector_on_a_label_no_selector_read_before_is_judged_on_the_kymas_labels() {
+    use serde_json::json;
+    let env = testenv::env();
+    let mut s = Scenario::new("label-keys").await.expect("scenario");
+    s.apply_catalog(&[mt("api-gateway", "2.10.0"), mrm("api-gateway", &[("regular", "2.10.0")])])
+        .await
+        .expect("catalog");
+    s.add_kyma("gold", &env.skr_a, &[("kyma-project.io/tier", "gold")]).await.expect("kyma");
+    s.add_kyma("silver", &env.skr_b, &[("kyma-project.io/tier", "silver")]).await.expect("kyma");
+    s.start(&["--restricted-modules", "gold-only,not-gold"]).expect("start");
+    for kyma in ["gold", "silver"] {
+        s.await_condition(kyma, "True", "CatalogSynced", PROMPT).await;
+    }
+    let (seen_a, seen_b) = (names_ever_seen(s.skr_api(&env.skr_a, MRM)), names_ever_seen(s.skr_api(&env.skr_b, MRM)));
+
+    // No selector read the tier label so far, so the Kyma cache did not keep it. Judged on
+    // the cached labels alone, `NotIn gold` would hold for the gold Kyma too, if only until
+    // the Kymas are listed again with the label kept.
+    let mut catalog = selected_module("gold-only", json!({"matchLabels": {"kyma-project.io/tier": "gold"}})).to_vec();
+    catalog.extend(selected_module(
+        "not-gold",
+        json!({"matchExpressions": [{"key": "kyma-project.io/tier", "operator": "NotIn", "values": ["gold"]}]}),
+    ));
+    s.apply_catalog(&catalog).await.expect("selected modules");
+    s.await_skr_names(&env.skr_a, MRM, &["api-gateway", "gold-only"], PROMPT).await;
+    s.await_skr_names(&env.skr_b, MRM, &["api-gateway", "not-gold"], PROMPT).await;
+    s.await_skr_names(&env.skr_a, MT, &["api-gateway-2.10.0", "gold-only-1.0.0"], PROMPT).await;
+    s.await_skr_names(&env.skr_b, MT, &["api-gateway-2.10.0", "not-gold-1.0.0"], PROMPT).await;
+    let ever = |seen: &std::sync::Arc<std::sync::Mutex<Vec<String>>>, name: &str| {
+        seen.lock().expect("names").iter().any(|n| n == name)
+    };
+    assert!(!ever(&seen_a, "not-gold"), "the gold Kyma's SKR got not-gold, if only for a while");
+    assert!(!ever(&seen_b, "gold-only"), "the silver Kyma's SKR got gold-only, if only for a while");
+
+    // A change of a label the selectors read moves the modules.
+    s.set_kyma_label("gold", "kyma-project.io/tier", Some("silver")).await.expect("relabel");
+    s.await_skr_names(&env.skr_a, MRM, &["api-gateway", "not-gold"], PROMPT).await;
+    s.await_skr_names(&env.skr_a, MT, &["api-gateway-2.10.0", "not-gold-1.0.0"], PROMPT).await;
+}
+
 use kube::ResourceExt as _;
 
 fn spec_of(obj: &kube::api::DynamicObject) -> serde_json::Value {

@@ -168,6 +168,11 @@ impl KymaSelector {
         self.requirements.is_empty()
     }
 
+    /// The label keys the selector reads.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.requirements.iter().map(|r| r.key.as_str())
+    }
+
     /// Whether `labels` satisfy every requirement. An empty selector matches everything, as
     /// in Kubernetes; callers that want "empty matches nothing" check [`is_empty`](Self::is_empty)
     /// first.

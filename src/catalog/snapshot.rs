@@ -184,6 +184,18 @@ impl Snapshot {
         Snapshot::from_entries(templates.chain(release_metas))
     }
 
+    /// The label keys the valid `kymaSelector`s of its ModuleReleaseMetas read (of every
+    /// MRM, restricted module or not; repeated keys repeat).
+    pub fn selector_keys(&self) -> impl Iterator<Item = &str> {
+        self.release_metas
+            .values()
+            .filter_map(|mrm| match &mrm.kyma_selector {
+                Some(Ok(selector)) => Some(selector),
+                _ => None,
+            })
+            .flat_map(|selector| selector.keys())
+    }
+
     /// Builds a snapshot from objects already read ([`Entry::template`],
     /// [`Entry::release_meta`]): nothing is parsed or rendered again.
     pub fn from_entries(entries: impl IntoIterator<Item = Entry>) -> Snapshot {

@@ -1,13 +1,15 @@
 //! The sync engine: the Kyma controller ([`reconciler`]) and the per-SKR executor
 //! ([`executor`]); the catalog publisher that requeues affected Kymas ([`publisher`]) behind the
 //! shrink guard ([`guard`]); the published catalog every sync reads ([`state`]); what the replica
-//! knows of each Kyma it syncs ([`kymas`]) and keeps of its SKRs across restarts ([`recall`]); the
+//! knows of each Kyma it syncs ([`kymas`]), which of a Kyma's labels it caches
+//! ([`label_keys`]), and what it keeps of its SKRs across restarts ([`recall`]); the
 //! `ModuleCatalog` condition ([`condition`]).
 
 pub mod condition;
 pub mod executor;
 pub mod guard;
 pub mod kymas;
+pub mod label_keys;
 pub mod publisher;
 pub mod recall;
 pub mod reconciler;

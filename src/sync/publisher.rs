@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::sharding::ShardView;
 use crate::sync::guard::{Gate, ShrinkGuard};
 use crate::sync::kymas::KymaRecords;
+use crate::sync::label_keys::KymaLabelKeys;
 use crate::sync::state::{CatalogState, CatalogStores, sync_fingerprint};
 
 /// What the publisher reads and writes of the rest of the replica: the ownership gate, the
@@ -38,6 +39,9 @@ pub struct PublisherContext {
     pub guard: Option<ShrinkGuard>,
     /// `--catalog-debounce`.
     pub debounce: Duration,
+    /// Which labels the Kyma cache keeps: grown by the keys each published state's selectors
+    /// read.
+    pub label_keys: KymaLabelKeys,
 }
 
 /// Rebuilds the catalog state after each settled burst of changes, publishes it, and sends
@@ -114,6 +118,13 @@ pub async fn run_catalog_loop(
         let state = std::mem::take(&mut approved.state);
         record_catalog(&ctx, &state);
         let state = Arc::new(state);
+        // Before it is published: a reconcile that sees this state knows whether the Kyma
+        // cache keeps every label its selectors read.
+        // When the keys grew, the Kyma watch lists again, and that list triggers every Kyma
+        // whose kept labels changed: the ones the requeue below judges on too few labels.
+        if ctx.label_keys.want(state.snapshot.selector_keys()) {
+            debug!("The Kyma cache is to keep more labels; the Kyma watch lists with them");
+        }
         publish.send_replace(Arc::clone(&state));
         ctx.metrics.catalog.changed();
         let requeued = requeue_affected(&state, &kymas, &requeue, &ctx).await;
@@ -330,6 +341,7 @@ mod tests {
             restricted_modules: BTreeSet::new(),
             guard: None,
             debounce: DEBOUNCE,
+            label_keys: KymaLabelKeys::new(),
         }
     }
 

@@ -31,6 +31,7 @@ use crate::skr::{AccessSecrets, SkrConnector, SkrState};
 use crate::sync::condition::{self, ConditionStatus, Wanted};
 use crate::sync::executor::{SkrTarget, SyncReport};
 use crate::sync::kymas::{KymaRecords, ShadowCounts};
+use crate::sync::label_keys::KymaLabelKeys;
 use crate::sync::state::{CatalogState, sync_fingerprint};
 
 /// Sync settings taken from the command line.
@@ -86,6 +87,10 @@ pub struct Context {
     pub listing: tokio::sync::Semaphore,
     /// What is known of each Kyma, shared with the catalog publisher.
     pub kymas: Arc<KymaRecords>,
+    /// The Kyma cache, read again once it holds the labels a catalog's selectors need.
+    pub kyma_cache: Store<Kyma>,
+    /// Which labels the Kyma cache keeps and has listed.
+    pub label_keys: KymaLabelKeys,
 }
 
 impl Context {
@@ -120,11 +125,12 @@ fn skip_reason(kyma: &Kyma) -> Option<SkipReason> {
 }
 
 /// Keeps only what the controller needs of a Kyma in the cache: identity (name, namespace,
-/// uid, resourceVersion for Events), labels, generation, deletion timestamp, the
+/// uid, resourceVersion for Events), the labels of `label_keys` (see
+/// [`label_keys`](crate::sync::label_keys)), generation, deletion timestamp, the
 /// `ModuleCatalog` condition and which field managers own it. Every replica caches every Kyma
-/// of the fleet, held or not; a Kyma's status, annotations, finalizers and managed fields
-/// would otherwise dominate its memory.
-pub fn trim(kyma: &mut Kyma) {
+/// of the fleet, held or not; a Kyma's status, annotations, finalizers, managed fields and
+/// other labels would otherwise dominate its memory.
+pub fn trim(kyma: &mut Kyma, label_keys: &BTreeSet<String>) {
     let meta = std::mem::take(&mut kyma.metadata);
     // Of the managed fields, only who owns the `ModuleCatalog` condition.
     let owners = meta.managed_fields.as_deref().map(condition::condition_owners).unwrap_or_default();
@@ -134,7 +140,10 @@ pub fn trim(kyma: &mut Kyma) {
         uid: meta.uid,
         resource_version: meta.resource_version,
         generation: meta.generation,
-        labels: meta.labels,
+        labels: meta.labels.map(|mut labels| {
+            labels.retain(|key, _| label_keys.contains(key));
+            labels
+        }),
         deletion_timestamp: meta.deletion_timestamp,
         managed_fields: (!owners.is_empty()).then_some(owners),
         ..kube::api::ObjectMeta::default()
@@ -254,8 +263,10 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     if ctx.settings.mode == Mode::Shadow {
         return shadow(&kyma, shard, &ctx).await;
     }
+    let Some((kyma, catalog)) = labelled(&kyma, &ctx) else {
+        return Ok(labels_pending());
+    };
     let timer = ctx.metrics.sync.measure(shard);
-    let catalog = Arc::clone(&ctx.catalog.borrow());
     let desired = catalog.desired(kyma.labels(), &ctx.settings.restricted_modules);
     let result = match tokio::time::timeout(
         ctx.settings.sync_timeout,
@@ -324,12 +335,14 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
 /// the verdict for the `catalogsync_shadow_*` gauges, and writes nothing anywhere.
 async fn shadow(kyma: &Kyma, shard: u32, ctx: &Context) -> Result<Action> {
     let name = kyma.name_any();
+    let Some((kyma, catalog)) = labelled(kyma, ctx) else {
+        return Ok(labels_pending());
+    };
     let timer = ctx.metrics.sync.measure(shard);
-    let catalog = Arc::clone(&ctx.catalog.borrow());
     let desired = catalog.desired(kyma.labels(), &ctx.settings.restricted_modules);
     let result = match tokio::time::timeout(
         ctx.settings.sync_timeout,
-        visit_skr(kyma, ctx, async |target, state| target.compare(&desired.set, state).await),
+        visit_skr(&kyma, ctx, async |target, state| target.compare(&desired.set, state).await),
     )
     .await
     {
@@ -367,6 +380,30 @@ async fn shadow(kyma: &Kyma, shard: u32, ctx: &Context) -> Result<Action> {
             Err(err)
         }
     }
+}
+
+/// How soon a Kyma whose cached labels lack a key of the catalog's selectors is tried again
+/// (the Kyma watch is listing them).
+const LABELS_PENDING_RETRY: Duration = Duration::from_secs(1);
+
+/// The catalog to sync against and the Kyma to read its labels from, once the Kyma cache
+/// keeps every label key that catalog's selectors read: the Kyma as the cache holds it now
+/// (the one this reconcile started with may have been trimmed before the keys grew), or
+/// `None` while the Kyma watch still lists with the larger set of keys.
+fn labelled(kyma: &Kyma, ctx: &Context) -> Option<(Arc<Kyma>, Arc<CatalogState>)> {
+    let catalog = Arc::clone(&ctx.catalog.borrow());
+    if !ctx.label_keys.covers(catalog.snapshot.selector_keys()) {
+        return None;
+    }
+    let kyma = ctx.kyma_cache.get(&ObjectRef::from_obj(kyma))?;
+    Some((kyma, catalog))
+}
+
+/// The reconcile of a Kyma that [`labelled`] put off: no sync, no condition, tried again soon
+/// (it stays queued).
+fn labels_pending() -> Action {
+    debug!("Waiting for the Kyma cache to keep the labels the catalog's selectors read");
+    Action::requeue(LABELS_PENDING_RETRY)
 }
 
 /// The bookkeeping of a failed visit, in either mode: counted, no catalog fingerprint kept,
@@ -525,20 +562,24 @@ mod tests {
     #[test]
     fn trim_keeps_only_what_the_controller_reads() {
         let mut k = Kyma::new("k", Default::default());
-        k.metadata.labels = Some([("a".to_owned(), "b".to_owned())].into());
+        k.metadata.labels = Some([("a".to_owned(), "b".to_owned()), ("id".to_owned(), "x".repeat(36))].into());
         k.metadata.annotations = Some([("big".to_owned(), "x".repeat(1000))].into());
         k.metadata.finalizers = Some(vec!["operator.kyma-project.io/Kyma".into()]);
         k.metadata.uid = Some("u".into());
         k.metadata.generation = Some(3);
         k.spec.channel = Some("regular".into());
         k.status = Some(crate::api::KymaStatus { state: Some("Ready".into()), ..Default::default() });
-        trim(&mut k);
+        trim(&mut k, &["a".to_owned(), "z".to_owned()].into());
         assert!(k.metadata.annotations.is_none());
         assert!(k.metadata.finalizers.is_none());
         assert_eq!((k.metadata.uid.as_deref(), k.metadata.generation), (Some("u"), Some(3)));
         assert_eq!(k.spec, Default::default());
         assert_eq!(k.status, Some(Default::default()));
-        assert_eq!(k.labels().get("a").map(String::as_str), Some("b"));
+        assert_eq!(
+            k.labels(),
+            &std::collections::BTreeMap::from([("a".to_owned(), "b".to_owned())]),
+            "only the wanted keys"
+        );
     }
 
     #[test]
