@@ -118,10 +118,10 @@ pub async fn run_catalog_loop(
         let state = std::mem::take(&mut approved.state);
         record_catalog(&ctx, &state);
         let state = Arc::new(state);
-        // Before it is published: a reconcile that sees this state knows whether the Kyma
-        // cache keeps every label its selectors read.
-        // When the keys grew, the Kyma watch lists again, and that list triggers every Kyma
-        // whose kept labels changed: the ones the requeue below judges on too few labels.
+        // The keys this state's selectors read are wanted before it is published, so a
+        // reconcile that sees it can tell whether the Kyma cache keeps them all. When they
+        // grew, the Kyma watch lists again, and that list triggers every Kyma whose kept
+        // labels changed: the ones the requeue below judges on too few labels.
         if ctx.label_keys.want(state.snapshot.selector_keys()) {
             debug!("The Kyma cache is to keep more labels; the Kyma watch lists with them");
         }
