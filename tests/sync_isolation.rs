@@ -154,9 +154,11 @@ async fn bad_access_secrets_fail_only_their_kyma_and_heal_when_fixed() {
     assert!(s.catalogsync_running(), "catalogsync exited");
 
     // Fix each Secret; each Kyma heals without a restart, reaching skr-b as its own identity.
+    // The second Secret of the ambiguous Kyma loses its label and so leaves the label-selected
+    // watch.
     let before = env.skr_b.read_audit_events().len();
     s.put_secret("missing", "missing", &s.skr_kubeconfig("missing", &env.skr_b)).await.expect("secret");
-    s.delete_secret("ambiguous-2").await.expect("delete secret");
+    s.unlabel_secret("ambiguous-2").await.expect("unlabel secret");
     s.put_secret("invalid", "invalid", &s.skr_kubeconfig("invalid", &env.skr_b)).await.expect("secret");
     for (kyma, _) in bad {
         s.await_condition(kyma, "True", "CatalogSynced", PROMPT).await;

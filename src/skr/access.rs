@@ -174,10 +174,11 @@ impl Noting {
         self.by_name.get(name).is_some_and(|n| *n.kyma == *kyma && *n.version == *version)
     }
 
-    fn remove(&mut self, name: &str) {
-        if let Some(old) = self.by_name.remove(name) {
-            self.unindex(&old.kyma, name);
-        }
+    /// Forgets Secret `name`; returns the Kyma it was noted for.
+    fn remove(&mut self, name: &str) -> Option<Box<str>> {
+        let old = self.by_name.remove(name)?;
+        self.unindex(&old.kyma, name);
+        Some(old.kyma)
     }
 
     fn unindex(&mut self, kyma: &str, name: &str) {
@@ -258,9 +259,14 @@ impl AccessSecrets {
                 changed.then(|| kyma.to_owned())
             }
             watcher::Event::Delete(secret) => {
-                let (name, kyma, _) = self.read(secret)?;
-                inner.known.remove(name);
-                Some(kyma.to_owned())
+                // By name, and for the Kyma it was noted for, whatever labels the deleted
+                // object shows (the apiserver reports a Secret that lost its label as the
+                // deletion of its previous state, with the label).
+                let meta = &secret.metadata;
+                if meta.namespace.as_deref().is_some_and(|ns| *ns != *self.namespace) {
+                    return None;
+                }
+                inner.known.remove(meta.name.as_deref()?).map(String::from)
             }
         }
     }
@@ -597,6 +603,15 @@ mod tests {
         // Deleted: its Kyma is reconciled (and finds no Secret).
         assert_eq!(secrets.apply(&Event::Delete(secret("b", "k2"))), Some("k2".to_owned()));
         assert!(matches!(secrets.find("k2", "kcp-system"), Err(SyncError::AccessSecretMissing { .. })));
+        // A deletion that shows no label still removes the Secret and reconciles the Kyma it
+        // was noted for.
+        assert_eq!(secrets.apply(&Event::Apply(secret("g", "k7"))), Some("k7".to_owned()));
+        let mut delabelled = secret("g", "k7");
+        delabelled.metadata.labels = None;
+        assert_eq!(secrets.apply(&Event::Delete(delabelled)), Some("k7".to_owned()));
+        assert!(matches!(secrets.find("k7", "kcp-system"), Err(SyncError::AccessSecretMissing { .. })));
+        // A deletion of a Secret it never noted requeues nothing.
+        assert_eq!(secrets.apply(&Event::Delete(secret("g", "k7"))), None);
         // A Secret of another namespace, or without the label, is no access Secret.
         let mut elsewhere = secret("d", "k4");
         elsewhere.metadata.namespace = Some("other".into());

@@ -414,6 +414,16 @@ impl Scenario {
         Ok(())
     }
 
+    /// Removes the `kyma-name` label of Secret `name`: it is no access Secret any more.
+    pub async fn unlabel_secret(&self, name: &str) -> Result<()> {
+        let patch = json!({"metadata": {"labels": {"operator.kyma-project.io/kyma-name": null}}});
+        Api::<Secret>::namespaced(self.kcp.clone(), &self.ns)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("failed to unlabel secret {name}"))?;
+        Ok(())
+    }
+
     /// Deletes Secret `name` from the scenario namespace.
     pub async fn delete_secret(&self, name: &str) -> Result<()> {
         Api::<Secret>::namespaced(self.kcp.clone(), &self.ns)
