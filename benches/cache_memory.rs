@@ -15,7 +15,7 @@
 
 #![allow(missing_docs, clippy::expect_used, clippy::unwrap_used)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use catalogsync::api::{KYMA_NAME_LABEL, Kyma, KymaStatus};
 use catalogsync::catalog::KindMemory;
@@ -56,8 +56,8 @@ fn kyma_name(i: usize) -> String {
 }
 
 /// Kyma number `i` as the KCP holds it: the fleet's labels, identity, and the `ModuleCatalog`
-/// condition, trimmed as the Kyma watch trims it.
-fn kyma(i: usize) -> Kyma {
+/// condition, trimmed as the Kyma watch trims it to `label_keys`.
+fn kyma(i: usize, label_keys: &BTreeSet<String>) -> Kyma {
     let mut kyma = Kyma::new(&kyma_name(i), Default::default());
     kyma.metadata.namespace = Some(NAMESPACE.into());
     kyma.metadata.labels = Some(kyma_labels(i % 10 == 3, i % 20 == 7));
@@ -73,9 +73,7 @@ fn kyma(i: usize) -> Kyma {
         last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     };
     kyma.status = Some(KymaStatus { conditions: Some(vec![condition]), ..KymaStatus::default() });
-    let keys = KymaLabelKeys::new();
-    keys.want(["kyma-project.io/global-account-id"]);
-    trim(&mut kyma, &keys.wanted().expect("wanted"));
+    trim(&mut kyma, label_keys);
     kyma
 }
 
@@ -98,7 +96,11 @@ fn secret(i: usize) -> PartialObjectMeta<Secret> {
 type PredicateKey = (String, Option<String>, Option<String>);
 
 fn main() {
-    let kymas: Vec<Kyma> = (0..KYMAS).map(kyma).collect();
+    // What the fleet's catalog wants kept: the flags and its restricted module's selector key.
+    let label_keys = KymaLabelKeys::new();
+    label_keys.want(["kyma-project.io/global-account-id"]);
+    let label_keys = label_keys.wanted().expect("wanted");
+    let kymas: Vec<Kyma> = (0..KYMAS).map(|i| kyma(i, &label_keys)).collect();
     let secrets: Vec<PartialObjectMeta<Secret>> = (0..KYMAS).map(secret).collect();
 
     let ((_store, _writer), store_bytes) = counted(KYMAS, || {

@@ -143,18 +143,28 @@ async fn restricted_modules_with_invalid_selectors_reach_no_skr() {
 }
 
 /// Every name a kind's copies in `skr` have from now on, including ones created and pruned
-/// again in between (a watch, running until the test ends).
-fn names_ever_seen(api: kube::Api<kube::api::DynamicObject>) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+/// again in between: a watch that runs until the test ends, returned once its first list is
+/// in, so nothing written after this returns is missed.
+async fn names_ever_seen(api: kube::Api<kube::api::DynamicObject>) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
     use futures::StreamExt as _;
-    use kube::runtime::{WatchStreamExt as _, watcher};
+    use kube::runtime::watcher::{self, Event};
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = std::sync::Arc::clone(&seen);
-    tokio::spawn(watcher(api, watcher::Config::default()).applied_objects().for_each(move |obj| {
-        if let Ok(obj) = obj {
-            sink.lock().expect("names").push(obj.name_any());
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let mut listed_tx = Some(listed_tx);
+    tokio::spawn(watcher::watcher(api, watcher::Config::default()).for_each(move |event| {
+        match event {
+            Ok(Event::Apply(obj) | Event::InitApply(obj)) => sink.lock().expect("names").push(obj.name_any()),
+            Ok(Event::InitDone) => {
+                if let Some(tx) = listed_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+            _ => {}
         }
         futures::future::ready(())
     }));
+    tokio::time::timeout(PROMPT, listed).await.expect("the SKR watch listed in time").expect("the SKR watch runs");
     seen
 }
 
@@ -172,7 +182,8 @@ async fn a_selector_on_a_label_no_selector_read_before_is_judged_on_the_kymas_la
     for kyma in ["gold", "silver"] {
         s.await_condition(kyma, "True", "CatalogSynced", PROMPT).await;
     }
-    let (seen_a, seen_b) = (names_ever_seen(s.skr_api(&env.skr_a, MRM)), names_ever_seen(s.skr_api(&env.skr_b, MRM)));
+    let seen_a = names_ever_seen(s.skr_api(&env.skr_a, MRM)).await;
+    let seen_b = names_ever_seen(s.skr_api(&env.skr_b, MRM)).await;
 
     // No selector read the tier label so far, so the Kyma cache did not keep it. Judged on
     // the cached labels alone, `NotIn gold` would hold for the gold Kyma too, if only until
