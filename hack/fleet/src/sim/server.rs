@@ -72,20 +72,36 @@ pub(super) fn acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("failed to parse {}", cert.display()))?;
     let key = PrivateKeyDer::from_pem_file(key).with_context(|| format!("failed to read {}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let mut config = rustls::ServerConfig::builder_with_provider(go_like_provider())
         .with_safe_default_protocol_versions()
         .context("failed to set the TLS versions")?
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .context("failed to load the serving certificate")?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // Go's crypto/tls chooses the TLS 1.3 suite itself, whatever the client prefers.
+    config.ignore_client_order = true;
     // As a kube-apiserver (Go's crypto/tls): stateless session tickets, one per handshake, so
     // clients can resume. rustls's default keeps sessions in a cache of 256 entries, which
     // 5,000 simulated SKRs would overflow.
     config.ticketer = rustls::crypto::ring::Ticketer::new().context("failed to make the session ticketer")?;
     config.send_tls13_tickets = 1;
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// rustls's ring provider with the TLS 1.3 suites in the order a kube-apiserver (Go's
+/// crypto/tls on a CPU with AES instructions) chooses them: AES-128-GCM with SHA-256 first.
+/// rustls's own order (AES-256-GCM with SHA-384 first) would make every client's handshake
+/// hash with SHA-384, which no apiserver asks of it.
+fn go_like_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    use rustls::crypto::ring::cipher_suite::{
+        TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
+    };
+    let mut provider = rustls::crypto::ring::default_provider();
+    let go_order = [TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256];
+    let rest = provider.cipher_suites.iter().filter(|s| !go_order.contains(s)).copied().collect::<Vec<_>>();
+    provider.cipher_suites = go_order.into_iter().chain(rest).collect();
+    Arc::new(provider)
 }
 
 /// What a request asks for.
@@ -495,6 +511,80 @@ mod tests {
         assert!(parse_path("/apis/operator.kyma-project.io/v1beta2/namespaces/ns/moduletemplates/x/status").is_none());
         assert!(parse_path("/apis/operator.kyma-project.io/v1beta2/manifests").is_none());
         assert!(parse_path("/api/v1/namespaces/x/pods").is_none());
+    }
+
+    /// A client that prefers AES-256 (rustls's order, as catalogsync's) gets AES-128 with
+    /// SHA-256, as from a kube-apiserver: `openssl s_client -ciphersuites
+    /// TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256` against
+    /// a Go `tls.Listen` server negotiates TLS_AES_128_GCM_SHA256.
+    #[test]
+    fn the_tls_suite_is_chosen_as_an_apiserver_chooses_it() {
+        let dir = std::env::temp_dir().join(format!("fleet-sim-tls-suite-{}", std::process::id()));
+        let files = crate::sim::ensure_self_signed(&dir).unwrap();
+        let acceptor = acceptor(&files.cert, &files.key);
+        let _ = std::fs::remove_dir_all(&dir);
+        let acceptor = acceptor.unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        assert_eq!(provider.cipher_suites[0].suite(), rustls::CipherSuite::TLS13_AES_256_GCM_SHA384);
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAny))
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut client = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+        let mut server = rustls::ServerConnection::new(acceptor.config().clone()).unwrap();
+        while client.is_handshaking() || server.is_handshaking() {
+            let mut wire = Vec::new();
+            client.write_tls(&mut wire).unwrap();
+            server.read_tls(&mut wire.as_slice()).unwrap();
+            server.process_new_packets().unwrap();
+            let mut wire = Vec::new();
+            server.write_tls(&mut wire).unwrap();
+            client.read_tls(&mut wire.as_slice()).unwrap();
+            client.process_new_packets().unwrap();
+        }
+        let suite = client.negotiated_cipher_suite().unwrap().suite();
+        assert_eq!(suite, rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    }
+
+    #[derive(Debug)]
+    struct AcceptAny;
+
+    impl rustls::client::danger::ServerCertVerifier for AcceptAny {
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            _: &[u8],
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            rustls::crypto::ring::default_provider().signature_verification_algorithms.supported_schemes()
+        }
     }
 
     #[test]
