@@ -145,10 +145,9 @@ impl KindMemory {
         }
     }
 
-    /// The resourceVersion and content hash remembered for `name`.
-    fn remembered(&self, name: &str) -> Option<(String, u64)> {
-        let entry = &self.entries[self.find(name_key(name)).ok()?];
-        Some((self.rv_text(entry), entry.hash))
+    /// The content hash remembered for `name`.
+    fn remembered_hash(&self, name: &str) -> Option<u64> {
+        self.find(name_key(name)).ok().map(|i| self.entries[i].hash)
     }
 
     fn rv_text(&self, entry: &Remembered) -> String {
@@ -242,8 +241,12 @@ pub struct Plan {
     pub apply: Vec<DesiredObject>,
     /// Managed orphans to delete.
     pub prune: Vec<Orphan>,
-    /// Objects already right: name, resourceVersion and desired hash to remember.
+    /// Objects already right, as a list showed them: name, resourceVersion and desired hash
+    /// to remember.
     pub unchanged: Vec<(String, String, u64)>,
+    /// Objects already right as the memory holds them (a plan from memory): their entries
+    /// stand as they are.
+    pub kept: usize,
 }
 
 impl Plan {
@@ -285,18 +288,23 @@ pub fn plan(desired: &BTreeMap<String, DesiredObject>, observed: &[Observed], me
 
 /// Plans one kind from memory alone, without a list, for an SKR whose memory is trusted (see
 /// the module docs): every desired copy remembered with the content hash it has now is
-/// unchanged (with its remembered resourceVersion), every other one is applied. `None` when
+/// unchanged (its memory entry stays), every other one is applied. `None` when
 /// memory remembers a copy that is no longer desired: pruning it needs a list.
+///
+/// A catalog change runs this for every SKR, so it allocates only for what it applies: the
+/// copies memory already holds right are counted ([`Plan::kept`]), not listed.
 pub fn plan_from_memory(desired: &BTreeMap<String, DesiredObject>, memory: &KindMemory) -> Option<Plan> {
-    let wanted: std::collections::HashSet<u64> = desired.keys().map(|name| name_key(name)).collect();
-    if memory.entries.iter().any(|e| !wanted.contains(&e.key)) {
+    let mut wanted: Vec<u64> = desired.keys().map(|name| name_key(name)).collect();
+    wanted.sort_unstable();
+    if memory.entries.iter().any(|e| wanted.binary_search(&e.key).is_err()) {
         return None;
     }
     let mut out = Plan::default();
     for (name, want) in desired {
-        match memory.remembered(name) {
-            Some((rv, hash)) if hash == want.hash => out.unchanged.push((name.clone(), rv, want.hash)),
-            _ => out.apply.push(want.clone()),
+        if memory.remembered_hash(name) == Some(want.hash) {
+            out.kept += 1;
+        } else {
+            out.apply.push(want.clone());
         }
     }
     Some(out)

@@ -298,7 +298,7 @@ impl SkrTarget<'_> {
         for (name, rv, hash) in &plan.unchanged {
             memory.remember(name, rv, *hash);
         }
-        *report.unchanged.entry(kind).or_default() += plan.unchanged.len();
+        *report.unchanged.entry(kind).or_default() += plan.unchanged.len() + plan.kept;
 
         // Taken at once, so the applies of one sync run at its full concurrency (on the
         // connections it opened) instead of each waiting for a permit of its own. A closed
@@ -309,14 +309,19 @@ impl SkrTarget<'_> {
             Ok(n) if n > 0 => self.applies.acquire_many(n).await.ok(),
             _ => None,
         };
-        let results: Vec<Result<(String, String, u64)>> = stream::iter(plan.apply.clone())
-            .map(|obj: crate::catalog::DesiredObject| async move {
-                let rv = self.apply_one(kind, &obj).await?;
-                Ok((obj.name.clone(), rv, obj.hash))
-            })
-            .buffer_unordered(self.concurrency)
-            .collect()
-            .await;
+        // A catalog change mostly applies one copy per SKR: awaited as it is, without the
+        // allocations of a stream of concurrent applies.
+        let results: Vec<Result<(String, String, u64)>> = match plan.apply.as_slice() {
+            [] => Vec::new(),
+            [one] => vec![self.apply_remembered(kind, one).await],
+            all => {
+                stream::iter(all.to_vec())
+                    .map(|obj: DesiredObject| async move { self.apply_remembered(kind, &obj).await })
+                    .buffer_unordered(self.concurrency)
+                    .collect()
+                    .await
+            }
+        };
         let mut first_error = None;
         for r in results {
             match r {
@@ -334,23 +339,27 @@ impl SkrTarget<'_> {
             return Err(err);
         }
 
-        let outcomes: Vec<Pruned> = stream::iter(plan.prune.clone())
-            .map(|orphan: Orphan| async move {
-                let request = prune_request(kind, self.namespace, &orphan)?;
-                self.check_ownership()?;
-                let res = self.bounded(self.client.bytes(request)).await;
-                self.metrics.request(SkrVerb::Delete, &res);
-                let name = orphan.name;
-                match res {
-                    Ok(_) => Ok(Pruned::Deleted(name)),
-                    Err(e) if is_not_found(&e) => Ok(Pruned::Deleted(name)),
-                    Err(e) if is_conflict(&e) => Ok(Pruned::Conflict(name)),
-                    Err(source) => Err(SyncError::PruneSkrObject { kind, name, source: Box::new(source) }),
-                }
-            })
-            .buffer_unordered(self.concurrency)
-            .try_collect()
-            .await?;
+        let outcomes: Vec<Pruned> = if plan.prune.is_empty() {
+            Vec::new()
+        } else {
+            stream::iter(plan.prune.clone())
+                .map(|orphan: Orphan| async move {
+                    let request = prune_request(kind, self.namespace, &orphan)?;
+                    self.check_ownership()?;
+                    let res = self.bounded(self.client.bytes(request)).await;
+                    self.metrics.request(SkrVerb::Delete, &res);
+                    let name = orphan.name;
+                    match res {
+                        Ok(_) => Ok(Pruned::Deleted(name)),
+                        Err(e) if is_not_found(&e) => Ok(Pruned::Deleted(name)),
+                        Err(e) if is_conflict(&e) => Ok(Pruned::Conflict(name)),
+                        Err(source) => Err(SyncError::PruneSkrObject { kind, name, source: Box::new(source) }),
+                    }
+                })
+                .buffer_unordered(self.concurrency)
+                .try_collect()
+                .await?
+        };
         report.pruned.entry(kind).or_default();
         for outcome in outcomes {
             match outcome {
@@ -365,6 +374,13 @@ impl SkrTarget<'_> {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::apply_one`], with what the memory keeps of the applied copy: its name, new
+    /// resourceVersion and content hash.
+    async fn apply_remembered(&self, kind: CatalogKind, obj: &DesiredObject) -> Result<(String, String, u64)> {
+        let rv = self.apply_one(kind, obj).await?;
+        Ok((obj.name.clone(), rv, obj.hash))
     }
 
     /// Applies one copy. Server-side apply resets every field catalogsync owns, but fields an
