@@ -519,18 +519,22 @@ mod tests {
     /// a Go `tls.Listen` server negotiates TLS_AES_128_GCM_SHA256.
     #[test]
     fn the_tls_suite_is_chosen_as_an_apiserver_chooses_it() {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject as _;
         let dir = std::env::temp_dir().join(format!("fleet-sim-tls-suite-{}", std::process::id()));
         let files = crate::sim::ensure_self_signed(&dir).unwrap();
         let acceptor = acceptor(&files.cert, &files.key);
+        let ca = CertificateDer::from_pem_file(&files.ca);
         let _ = std::fs::remove_dir_all(&dir);
-        let acceptor = acceptor.unwrap();
+        let (acceptor, ca) = (acceptor.unwrap(), ca.unwrap());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca).unwrap();
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         assert_eq!(provider.cipher_suites[0].suite(), rustls::CipherSuite::TLS13_AES_256_GCM_SHA384);
         let client = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .unwrap()
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AcceptAny))
+            .with_root_certificates(roots)
             .with_no_client_auth();
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
         let mut client = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
@@ -547,44 +551,6 @@ mod tests {
         }
         let suite = client.negotiated_cipher_suite().unwrap().suite();
         assert_eq!(suite, rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
-    }
-
-    #[derive(Debug)]
-    struct AcceptAny;
-
-    impl rustls::client::danger::ServerCertVerifier for AcceptAny {
-        fn verify_server_cert(
-            &self,
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &[rustls::pki_types::CertificateDer<'_>],
-            _: &rustls::pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            rustls::crypto::ring::default_provider().signature_verification_algorithms.supported_schemes()
-        }
     }
 
     #[test]
