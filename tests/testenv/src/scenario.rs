@@ -28,6 +28,10 @@ use super::{
 /// Field manager of catalog objects the tests write into the KCP.
 pub const CATALOG_AUTHOR: &str = "catalog-author";
 
+/// The label that names an access Secret's Kyma, spelled out as lifecycle-manager writes it
+/// (not taken from the crate under test).
+const ACCESS_SECRET_LABEL: &str = "operator.kyma-project.io/kyma-name";
+
 /// The two catalog kinds, by plural.
 pub const MT: &str = "moduletemplates";
 /// See [`MT`].
@@ -157,7 +161,7 @@ impl Scenario {
         let body = json!({
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": name, "namespace": self.ns, "labels": {"operator.kyma-project.io/kyma-name": kyma}},
+            "metadata": {"name": name, "namespace": self.ns, "labels": {ACCESS_SECRET_LABEL: kyma}},
             "stringData": {"config": kubeconfig},
         });
         // Replace `data` entirely: delete-free SSA of stringData would keep old keys only, fine.
@@ -416,7 +420,7 @@ impl Scenario {
 
     /// Removes the `kyma-name` label of Secret `name`: it is no access Secret any more.
     pub async fn unlabel_secret(&self, name: &str) -> Result<()> {
-        let patch = json!({"metadata": {"labels": {"operator.kyma-project.io/kyma-name": null}}});
+        let patch = json!({"metadata": {"labels": {ACCESS_SECRET_LABEL: null}}});
         Api::<Secret>::namespaced(self.kcp.clone(), &self.ns)
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
