@@ -132,7 +132,8 @@ pub async fn run_with(
         sync_timeout,
         backoff_min,
         backoff_max,
-        skr_access: SkrAccessArgs { skr_allowed_destinations, allow_insecure_skr_tls, skr_max_response_size },
+        skr_access:
+            SkrAccessArgs { skr_allowed_destinations, allow_insecure_skr_tls, skr_max_response_size, skr_sync_budget },
         shards,
         lease_namespace,
         lease_duration,
@@ -161,6 +162,7 @@ pub async fn run_with(
         destinations: skr_allowed_destinations,
         allow_insecure_tls: allow_insecure_skr_tls,
         max_response: skr_max_response_size,
+        sync_budget: skr_sync_budget,
     }
     .settings(&identity, &nonce, kcp_addrs, &metrics);
     let timing = Timing {
@@ -520,6 +522,7 @@ struct SkrAccessFlags {
     destinations: Vec<Rule>,
     allow_insecure_tls: bool,
     max_response: usize,
+    sync_budget: usize,
 }
 
 impl SkrAccessFlags {
@@ -536,13 +539,18 @@ impl SkrAccessFlags {
         } else {
             InsecureTls::Refuse
         };
-        info!(destinations = %listed, max_response_bytes = self.max_response, "SKR access rules");
+        info!(
+            destinations = %listed,
+            max_response_bytes = self.max_response,
+            sync_budget_bytes = self.sync_budget,
+            "SKR access rules"
+        );
         AccessSettings::from_flags(
             format!("catalogsync/{} ({identity}) process/{nonce}", env!("CARGO_PKG_VERSION")),
             self.destinations,
             kcp_addrs,
             insecure_tls,
-            self.max_response,
+            (self.max_response, self.sync_budget),
         )
     }
 }

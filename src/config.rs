@@ -129,6 +129,13 @@ pub struct SkrAccessArgs {
     /// of 50 copies, so this bounds one page.
     #[arg(long, env = "CATALOGSYNC_SKR_MAX_RESPONSE_SIZE", default_value = "8Mi", value_parser = parse_size, help_heading = "SKR access")]
     pub skr_max_response_size: usize,
+
+    /// Most bytes read from one SKR in one sync, every answer together (all pages of both
+    /// kinds, apply answers, error bodies; suffixes Ki, Mi, Gi). A sync over it fails at once
+    /// (SkrBudgetExceeded) and backs off as any failed sync. The default holds a cold
+    /// verification of a catalog of 200 ModuleTemplates of 50 KB three times over.
+    #[arg(long, env = "CATALOGSYNC_SKR_SYNC_BUDGET", default_value = "64Mi", value_parser = parse_size, help_heading = "SKR access")]
+    pub skr_sync_budget: usize,
 }
 
 /// The flags that decide which catalog a Kyma gets and where its copies live: one definition
@@ -594,6 +601,7 @@ mod tests {
                 "skr-allowed-destinations",
                 "allow-insecure-skr-tls",
                 "skr-max-response-size",
+                "skr-sync-budget",
                 "skr-request-timeout",
                 "sync-timeout",
                 "kcp-request-timeout",
@@ -694,6 +702,7 @@ mod tests {
         assert_eq!(args.skr_access.skr_allowed_destinations, [Rule::Public]);
         assert!(!args.skr_access.allow_insecure_skr_tls);
         assert_eq!(args.skr_access.skr_max_response_size, 8 << 20);
+        assert_eq!(args.skr_access.skr_sync_budget, crate::skr::access::DEFAULT_SYNC_BUDGET);
     }
 
     fn run_args(flags: &[&str]) -> RunArgs {

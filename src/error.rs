@@ -3,7 +3,7 @@
 
 use crate::catalog::CatalogKind;
 use crate::skr::kubeconfig::KubeconfigProblem;
-use crate::skr::request::is_too_large;
+use crate::skr::request::{is_invalid_answer, is_over_budget, is_too_large};
 
 /// Why a sync of one SKR failed. Each variant names the operation that failed.
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +165,11 @@ crate::label_enum! {
         SkrUnreachable => "SkrUnreachable",
         /// An SKR answer was larger than allowed.
         SkrResponseTooLarge => "SkrResponseTooLarge",
+        /// The SKR sent more than `--skr-sync-budget` in one sync.
+        SkrBudgetExceeded => "SkrBudgetExceeded",
+        /// An SKR answer had a field no real apiserver sends (a name that is no DNS
+        /// subdomain, an over-long resourceVersion, a repeated continue token, ...).
+        SkrAnswerInvalid => "SkrAnswerInvalid",
         /// Ensuring the namespace or a CRD failed, or the KCP has no CRD to copy.
         CrdSyncFailed => "CrdSyncFailed",
         /// Listing copies in the SKR failed.
@@ -193,9 +198,18 @@ impl ConditionReason {
     }
 
     /// Whether a failure of this reason drops the cached SKR client, so the next attempt
-    /// re-reads the Secret and connects anew (rotated credentials, changed endpoint).
+    /// re-reads the Secret and connects anew (rotated credentials, changed endpoint); and, for
+    /// an access Secret that is gone or no longer the only one, so that its credentials and
+    /// what was kept of the SKR leave the replica (and the shard record it writes).
     pub const fn evicts_client(self) -> bool {
-        matches!(self, Self::SkrUnauthorized | Self::SkrUnreachable | Self::AccessSecretInvalid)
+        matches!(
+            self,
+            Self::SkrUnauthorized
+                | Self::SkrUnreachable
+                | Self::AccessSecretInvalid
+                | Self::AccessSecretMissing
+                | Self::AccessSecretAmbiguous
+        )
     }
 
     /// Whether a failure of this reason needs a human (a Kubernetes Event is emitted on the
@@ -210,6 +224,8 @@ impl ConditionReason {
                 | Self::SkrForbidden
                 | Self::SkrUnreachable
                 | Self::SkrResponseTooLarge
+                | Self::SkrBudgetExceeded
+                | Self::SkrAnswerInvalid
         )
     }
 }
@@ -217,6 +233,8 @@ impl ConditionReason {
 /// What an SKR API error says about the SKR, independent of the operation.
 fn skr_api_reason(err: &kube::Error) -> Option<ConditionReason> {
     match err {
+        err if is_over_budget(err) => Some(ConditionReason::SkrBudgetExceeded),
+        err if is_invalid_answer(err) => Some(ConditionReason::SkrAnswerInvalid),
         err if is_too_large(err) => Some(ConditionReason::SkrResponseTooLarge),
         kube::Error::Api(status) if status.code == 401 => Some(ConditionReason::SkrUnauthorized),
         kube::Error::Api(status) if status.code == 403 => Some(ConditionReason::SkrForbidden),

@@ -469,3 +469,51 @@ async fn sigterm_shuts_down_gracefully() {
     assert_eq!(status.code(), Some(0), "exit status {status}; log:\n{}", s.log());
     drop(black_hole);
 }
+
+/// An access Secret deleted, or joined by a second one, takes its credentials and what the
+/// replica kept of the SKR out of the replica: its cached access is dropped (the
+/// `catalogsync_skr_clients` gauge counts only the healthy Kyma's), and the shard records
+/// written at shutdown name neither Kyma.
+#[tokio::test]
+async fn a_gone_or_ambiguous_access_secret_leaves_no_credentials_behind() {
+    let env = testenv::env();
+    let mut s = Scenario::new("iso-forget").await.expect("scenario");
+    s.apply_catalog(&base_catalog()).await.expect("catalog");
+    s.add_kyma("kept", &env.skr_a, &[]).await.expect("kyma");
+    s.add_kyma("gone", &env.skr_b, &[]).await.expect("kyma");
+    s.add_kyma("doubled", &env.skr_b, &[]).await.expect("kyma");
+    s.start(&["--resync-period", "1h"]).expect("start");
+    for kyma in ["kept", "gone", "doubled"] {
+        s.await_condition(kyma, "True", "CatalogSynced", PROMPT).await;
+    }
+    testenv::await_condition(PROMPT, "three SKR accesses cached", || async {
+        s.metric("catalogsync_skr_clients", &[]).await == 3.0
+    })
+    .await;
+
+    s.delete_secret("gone").await.expect("delete secret");
+    s.put_secret("doubled-2", "doubled", &s.skr_kubeconfig("doubled", &env.skr_b)).await.expect("secret");
+    s.await_condition("gone", "False", "AccessSecretMissing", PROMPT).await;
+    s.await_condition("doubled", "False", "AccessSecretAmbiguous", PROMPT).await;
+    testenv::await_condition(PROMPT, "only the healthy Kyma's SKR access cached", || async {
+        s.metric("catalogsync_skr_clients", &[]).await == 1.0
+    })
+    .await;
+
+    let status = s.catalogsync.as_mut().expect("running").terminate(Duration::from_secs(30)).await.expect("stop");
+    assert!(status.success(), "catalogsync exited with {status}");
+    let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(s.kcp.clone(), &s.ns);
+    let records: String = config_maps
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter(|cm| cm.metadata.name.as_deref().is_some_and(|n| n.ends_with("-memory")))
+        .flat_map(|cm| cm.data.unwrap_or_default().into_values())
+        .collect();
+    assert!(records.contains("\"kept\""), "the healthy Kyma's SKR is kept: {records}");
+    for kyma in ["gone", "doubled"] {
+        assert!(!records.contains(&format!("\"{kyma}\"")), "{kyma} is still in a shard record: {records}");
+    }
+}

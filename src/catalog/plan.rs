@@ -83,6 +83,17 @@ fn rv_number(rv: &str) -> Option<u64> {
     canonical.then(|| rv.parse().ok()).flatten()
 }
 
+/// Longest resourceVersion remembered: a copy whose version is longer is not remembered (its
+/// next sync verifies it from a list), so no SKR can park more than this per copy. The
+/// executor refuses longer ones anyway ([`crate::sync::wire`]).
+pub const MAX_REMEMBERED_VERSION: usize = 64;
+
+/// Most heap bytes one remembered copy takes: its 24-byte entry, and for a resourceVersion
+/// that is not a number, its text (a 24-byte slot and at most [`MAX_REMEMBERED_VERSION`]
+/// bytes). A replica remembers only desired copies, so an SKR's memory holds at most this
+/// times the catalog entries its Kyma may see, whatever the SKR sends.
+pub const MAX_BYTES_PER_COPY: usize = size_of::<Remembered>() + size_of::<(u64, Box<str>)>() + MAX_REMEMBERED_VERSION;
+
 fn name_key(name: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name.as_bytes())
 }
@@ -110,8 +121,13 @@ impl KindMemory {
         }
     }
 
-    /// Remembers that `name` had `resource_version` when its desired body hashed to `hash`.
+    /// Remembers that `name` had `resource_version` when its desired body hashed to `hash`
+    /// (forgets `name` when the version is longer than [`MAX_REMEMBERED_VERSION`]).
     pub fn remember(&mut self, name: &str, resource_version: &str, hash: u64) {
+        if resource_version.len() > MAX_REMEMBERED_VERSION {
+            self.forget(name);
+            return;
+        }
         let key = name_key(name);
         let text = self.texts.binary_search_by_key(&key, |(k, _)| *k);
         let number = match (rv_number(resource_version), text) {
@@ -208,6 +224,13 @@ impl KindMemory {
             memory.remember(name, versions.get(name.as_str())?, want.hash);
         }
         (memory.digest() == digest).then_some(memory)
+    }
+
+    /// Heap bytes this memory holds (its vectors' capacity and the texts).
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * size_of::<Remembered>()
+            + self.texts.capacity() * size_of::<(u64, Box<str>)>()
+            + self.texts.iter().map(|(_, text)| text.len()).sum::<usize>()
     }
 
     /// Number of remembered names.

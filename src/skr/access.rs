@@ -34,6 +34,8 @@ pub struct AccessSettings {
     pub insecure_tls: InsecureTls,
     /// Largest SKR answer in bytes (`--skr-max-response-size`).
     pub max_response: usize,
+    /// Most bytes read from one SKR in one sync, all answers together (`--skr-sync-budget`).
+    pub sync_budget: usize,
 }
 
 impl AccessSettings {
@@ -46,6 +48,7 @@ impl AccessSettings {
             destinations: Arc::new(Destinations::default()),
             insecure_tls: InsecureTls::Refuse,
             max_response: DEFAULT_MAX_RESPONSE,
+            sync_budget: DEFAULT_SYNC_BUDGET,
         }
     }
 }
@@ -58,13 +61,14 @@ impl AccessSettings {
     /// The settings of the SKR access flags of `run` and `explain`: SKR servers only where
     /// `rules` (`--skr-allowed-destinations`) allow and never at `kcp_addrs`, the KCP
     /// apiserver's own addresses ([`kcp_addresses`]); `insecure-skip-tls-verify` only with
-    /// `--allow-insecure-skr-tls`; answers up to `max_response` bytes.
+    /// `--allow-insecure-skr-tls`; answers up to `max_response` bytes each, and up to
+    /// `sync_budget` bytes all together in one sync.
     pub fn from_flags(
         user_agent: String,
         rules: Vec<Rule>,
         kcp_addrs: Vec<SocketAddr>,
         insecure_tls: InsecureTls,
-        max_response: usize,
+        (max_response, sync_budget): (usize, usize),
     ) -> Self {
         Self {
             user_agent,
@@ -72,6 +76,7 @@ impl AccessSettings {
             destinations: Arc::new(Destinations::new(rules).deny(kcp_addrs)),
             insecure_tls,
             max_response,
+            sync_budget,
         }
     }
 }
@@ -95,6 +100,16 @@ pub async fn kcp_addresses(url: &http::Uri) -> Option<Vec<SocketAddr>> {
 /// ModuleTemplates of 160 KB each (real ones are 3-50 KB), and a CRD of the catalog kinds
 /// (about 100 KB) 80 times over.
 pub const DEFAULT_MAX_RESPONSE: usize = 8 * 1024 * 1024;
+
+/// Default of `--skr-sync-budget`, everything one sync may read from its SKR. The most a
+/// healthy SKR sends in one sync is a cold verification of a large catalog: 200
+/// ModuleTemplates of 50 KB (real catalogs have 20-100 of 3-50 KB) listed in full twice (a
+/// metadata list that finds an unknown copy is followed by a full one) is 20 MB, the
+/// metadata-only lists, apply answers and the two CRDs read while they become established
+/// (at most 100 reads of about 100 KB each, in practice a few) add up to a few MB more. 64
+/// MiB leaves a margin of three over that; a sync over it is an SKR sending far more than
+/// any catalog needs.
+pub const DEFAULT_SYNC_BUDGET: usize = 64 * 1024 * 1024;
 
 /// Picks the one access Secret of `kyma` among the Secret metadata of its namespace.
 ///
@@ -414,7 +429,7 @@ impl SkrAccess {
             }
         };
         let client = build_client(&self.config, tls, addrs, &self.settings).map_err(|_| invalid())?;
-        Ok(SkrClient::new(client, self.settings.max_response))
+        Ok(SkrClient::new(client, self.settings.max_response, self.settings.sync_budget))
     }
 }
 

@@ -9,10 +9,18 @@
 //!   [`crate::skr::access`]), with [`ResponseTooLarge`];
 //! - reads at most [`MAX_ERROR_BODY`] of an error answer, keeps of its `Status` only the
 //!   code, reason and message, each cut short and stripped of control characters;
-//! - cuts parse errors (serde quotes the offending value) the same way.
+//! - cuts parse errors (serde quotes the offending value) the same way;
+//! - counts every byte it reads, error bodies included, against the budget of the sync the
+//!   client was built for ([`SyncBudget`], `--skr-sync-budget`): once a sync has read that
+//!   much from its SKR, every further read fails with [`BudgetExceeded`], whatever the size
+//!   of each single answer.
 //!
-//! Time is bounded by the caller (every SKR request runs under the request timeout), so a
-//! body trickled or never ending costs at most the timeout and the size limit.
+//! Time is bounded by the caller (every SKR request runs under the request timeout, every
+//! sync under the sync timeout), so a body trickled or never ending costs at most the
+//! timeout and the size limit.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http_body_util::BodyExt as _;
 use kube::Client;
@@ -43,6 +51,80 @@ pub struct ResponseTooLarge {
 pub struct TooManyObjects {
     /// The most objects accepted.
     pub limit: usize,
+}
+
+/// A sync that read more than its budget from its SKR; the request fails with this as its
+/// [`kube::Error::Service`] source.
+#[derive(Debug, thiserror::Error)]
+#[error("the SKR sent more than {budget} bytes in one sync (--skr-sync-budget)")]
+pub struct BudgetExceeded {
+    /// The budget in bytes.
+    pub budget: usize,
+}
+
+/// An SKR answer with a field no real apiserver sends: checked when the answer is decoded,
+/// before anything of it is kept. Names the field and what is wrong, never its value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the SKR's answer has an invalid {field}: {problem}")]
+pub struct InvalidAnswer {
+    /// The field, as a JSON path (`items[].metadata.name`).
+    pub field: &'static str,
+    /// What is wrong with it (`longer than 253 bytes`).
+    pub problem: &'static str,
+}
+
+impl InvalidAnswer {
+    /// As the [`kube::Error`] of the request whose answer it was.
+    pub fn into_kube(self) -> kube::Error {
+        kube::Error::Service(Box::new(self))
+    }
+}
+
+/// Whether `err` is an answer with an invalid field ([`InvalidAnswer`]).
+pub fn is_invalid_answer(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Service(e) if e.is::<InvalidAnswer>())
+}
+
+/// Whether `err` is, or is caused by, a sync over its byte budget.
+pub fn is_over_budget(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Service(e) => e.is::<BudgetExceeded>(),
+        _ => false,
+    }
+}
+
+/// What one sync may still read from its SKR: every [`SkrClient`] clone of one sync shares
+/// it, so all pages, kinds, applies and error bodies of that sync count together.
+#[derive(Debug, Clone)]
+pub struct SyncBudget {
+    total: usize,
+    left: Arc<AtomicUsize>,
+}
+
+impl SyncBudget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: usize) -> Self {
+        Self { total: bytes, left: Arc::new(AtomicUsize::new(bytes)) }
+    }
+
+    /// Bytes that may still be read.
+    pub fn left(&self) -> usize {
+        self.left.load(Ordering::Relaxed)
+    }
+
+    /// Bytes read so far.
+    pub fn spent(&self) -> usize {
+        self.total - self.left()
+    }
+
+    /// Counts `n` bytes read (never below zero).
+    fn spend(&self, n: usize) {
+        let _ = self.left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| Some(left.saturating_sub(n)));
+    }
+
+    fn exceeded(&self) -> kube::Error {
+        kube::Error::Service(Box::new(BudgetExceeded { budget: self.total }))
+    }
 }
 
 /// Whether `err` is, or is caused by, an answer over the size limit.
@@ -78,12 +160,19 @@ fn too_large(limit: usize) -> kube::Error {
 pub struct SkrClient {
     client: Client,
     max_response: usize,
+    budget: SyncBudget,
 }
 
 impl SkrClient {
-    /// Wraps `client`, whose answers may be at most `max_response` bytes.
-    pub fn new(client: Client, max_response: usize) -> Self {
-        Self { client, max_response }
+    /// Wraps `client`, whose answers may be at most `max_response` bytes each, and at most
+    /// `budget` bytes all together.
+    pub fn new(client: Client, max_response: usize, budget: usize) -> Self {
+        Self { client, max_response, budget: SyncBudget::new(budget) }
+    }
+
+    /// What this client's sync may still read.
+    pub fn budget(&self) -> &SyncBudget {
+        &self.budget
     }
 
     /// The kube client underneath, for callers that accept kube's unbounded reads (the
@@ -124,6 +213,9 @@ impl SkrClient {
     }
 
     async fn read(&self, request: http::Request<kube::client::Body>) -> Result<Vec<u8>, kube::Error> {
+        if self.budget.left() == 0 {
+            return Err(self.budget.exceeded());
+        }
         let response = self.client.send(request).await?;
         let code = response.status();
         let declared = response
@@ -132,18 +224,31 @@ impl SkrClient {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         let mut body = response.into_body();
+        let left = self.budget.left();
         if code.is_client_error() || code.is_server_error() {
-            let (text, _) = read_prefix(&mut body, MAX_ERROR_BODY).await;
+            let (text, complete) = read_prefix(&mut body, MAX_ERROR_BODY.min(left)).await;
+            self.budget.spend(text.len());
+            if matches!(complete, Ok(false)) && left < MAX_ERROR_BODY {
+                return Err(self.budget.exceeded());
+            }
             return Err(kube::Error::Api(Box::new(error_status(code.as_u16(), &text))));
         }
-        if declared.is_some_and(|n| n > self.max_response as u64) {
-            return Err(too_large(self.max_response));
+        // What this answer may be: the size limit, or less when the sync's budget is nearly
+        // spent (then a larger answer fails the sync as over budget, not as too large).
+        let (limit, over) = if left < self.max_response {
+            (left, self.budget.exceeded())
+        } else {
+            (self.max_response, too_large(self.max_response))
+        };
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(over);
         }
-        let (data, complete) = read_prefix(&mut body, self.max_response).await;
+        let (data, complete) = read_prefix(&mut body, limit).await;
+        self.budget.spend(data.len());
         match complete {
             Ok(true) => Ok(data),
-            Ok(false) => Err(too_large(self.max_response)),
-            Err(err) if is_too_large(&err) => Err(too_large(self.max_response)),
+            Ok(false) => Err(over),
+            Err(err) if is_too_large(&err) => Err(over),
             Err(err) => Err(err),
         }
     }
@@ -225,6 +330,52 @@ mod tests {
         assert!(err.to_string().len() > 100_000, "serde quotes the value");
         let bounded = bounded_serde_error(err).to_string();
         assert!(bounded.len() < 400, "{}", bounded.len());
+    }
+
+    /// A client whose SKR answers every request with `code` and a body of `len` bytes.
+    fn answering(code: u16, len: usize, max_response: usize, budget: usize) -> SkrClient {
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| async move {
+            let response = http::Response::builder()
+                .status(code)
+                .body(kube::client::Body::from(vec![b' '; len]))
+                .expect("a response");
+            Ok::<_, kube::Error>(response)
+        });
+        SkrClient::new(Client::new(service, "default"), max_response, budget)
+    }
+
+    fn get() -> http::Request<Vec<u8>> {
+        http::Request::get("/api/v1/namespaces").body(Vec::new()).expect("a request")
+    }
+
+    #[tokio::test]
+    async fn every_answer_of_a_sync_counts_against_one_budget() {
+        // Ten answers of 100 bytes each, each under the size limit, in a budget of 450 bytes.
+        let client = answering(200, 100, 1_000, 450);
+        let clone = client.clone();
+        for _ in 0..4 {
+            clone.bytes(get()).await.expect("within the budget");
+        }
+        assert_eq!(client.budget().spent(), 400, "clones share the budget");
+        let err = client.bytes(get()).await.expect_err("the fifth answer crosses the budget");
+        assert!(is_over_budget(&err), "{err}");
+        assert!(!is_too_large(&err), "over budget is not one answer too large");
+        assert!(err.to_string().contains("450 bytes in one sync"), "{err}");
+        assert_eq!(client.budget().left(), 0);
+        let err = client.bytes(get()).await.expect_err("nothing more once spent");
+        assert!(is_over_budget(&err));
+
+        // Error bodies count too.
+        let client = answering(500, 300, 1_000, 450);
+        let err = client.bytes(get()).await.expect_err("a 500");
+        assert!(matches!(&err, kube::Error::Api(s) if s.code == 500), "{err}");
+        assert_eq!(client.budget().spent(), 300);
+        let err = client.bytes(get()).await.expect_err("the second error body crosses the budget");
+        assert!(is_over_budget(&err), "{err}");
+
+        // One answer over the size limit is too large, whatever the budget.
+        let client = answering(200, 2_000, 1_000, 1 << 20);
+        assert!(is_too_large(&client.bytes(get()).await.expect_err("too large")));
     }
 
     #[tokio::test]

@@ -19,7 +19,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{DeleteParams, DynamicObject, GetParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::Request;
 use kube::{Resource, ResourceExt};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, ModuleReleaseMeta, ModuleTemplate, SKR_FIELD_MANAGER};
@@ -32,7 +31,11 @@ use crate::catalog::{
 use crate::error::{Result, SyncError};
 use crate::metrics::{SkrClientMetrics, SkrVerb};
 use crate::skr::SkrState;
-use crate::skr::request::{SkrClient, TooManyObjects, bounded_serde_error};
+use crate::skr::request::{InvalidAnswer, SkrClient, TooManyObjects, bounded_serde_error};
+use crate::sync::wire::{
+    APPLIED, Expect, MetaOnly, MetaOnlyList, PARTIAL_OBJECT_METADATA, Page, PageError, check_resource_version,
+    digest_list,
+};
 
 /// Copies per page of a full list: 50 ModuleTemplates of up to 160 KB each fit the default
 /// `--skr-max-response-size` (8 MiB); real ones are 3-50 KB.
@@ -177,12 +180,6 @@ enum Pruned {
 /// Requests for the copies of `kind` in `namespace`.
 fn copies(kind: CatalogKind, namespace: &str) -> Request {
     Request::new(DynamicObject::url_path(&kind.api_resource(), Some(namespace)))
-}
-
-/// One page of a list: what a plan needs of each item, and the token of the next page.
-struct Page {
-    items: Vec<Observed>,
-    next: Option<String>,
 }
 
 impl SkrTarget<'_> {
@@ -403,18 +400,26 @@ impl SkrTarget<'_> {
         self.check_ownership()?;
         let res = self.bounded(self.client.json_of::<MetaOnly>(request)).await;
         self.metrics.request(SkrVerb::Apply, &res);
-        let applied = res.map_err(wrap)?.metadata;
-        let managers = || applied.managed_fields.iter().map(|f| f.manager.as_str());
+        let expect = Expect { namespace: self.namespace, kind: PARTIAL_OBJECT_METADATA };
+        let applied = res.map_err(wrap)?.applied(&obj.name, expect).map_err(|e| wrap(e.into_kube()))?;
+        let managers = || applied.managers.iter().map(String::as_str);
         if after_apply(managers(), None, &obj.digest) == AfterApply::OnlyOurs {
             return Ok(applied.resource_version);
         }
+        // What the SKR answers for an object read or replaced in full: its resourceVersion is
+        // kept, so it is checked as a listed one is.
+        let version_of = |object: &DynamicObject| {
+            let rv = object.resource_version().unwrap_or_default();
+            check_resource_version(&rv, APPLIED.resource_version).map(|()| rv).map_err(|e| wrap(e.into_kube()))
+        };
         let request = copies.get(&obj.name, &GetParams::default()).map_err(build)?;
         let res = self.bounded(self.client.json::<DynamicObject>(request)).await;
         self.metrics.request(SkrVerb::Get, &res);
         let current = res.map_err(wrap)?;
+        let current_version = version_of(&current)?;
         let observed = serde_json::to_value(&current).unwrap_or_default();
         if after_apply(managers(), Some(&CopyDigest::of(&observed)), &obj.digest) != AfterApply::Replace {
-            return Ok(current.resource_version().unwrap_or_default());
+            return Ok(current_version);
         }
         self.check_ownership()?;
         let mut body = obj.body.value().map_err(|e| wrap(kube::Error::SerdeError(e)))?;
@@ -425,13 +430,13 @@ impl SkrTarget<'_> {
             }
             body["metadata"][field] = Value::Object(merged);
         }
-        body["metadata"]["resourceVersion"] = json!(current.resource_version());
+        body["metadata"]["resourceVersion"] = json!(current_version);
         let replacement = serde_json::to_vec(&body).map_err(|e| wrap(kube::Error::SerdeError(e)))?;
         let params = PostParams { field_manager: Some(SKR_FIELD_MANAGER.to_owned()), ..PostParams::default() };
         let request = copies.replace(&obj.name, &params, replacement).map_err(build)?;
         let res = self.bounded(self.client.json::<DynamicObject>(request)).await;
         self.metrics.request(SkrVerb::Replace, &res);
-        Ok(res.map_err(wrap)?.resource_version().unwrap_or_default())
+        version_of(&res.map_err(wrap)?)
     }
 
     /// Shadow mode's sync: compares `desired` with what the SKR holds and writes nothing. It
@@ -490,42 +495,65 @@ impl SkrTarget<'_> {
     }
 
     /// Lists the copies of `kind` page by page: in full (each item digested) when `full`,
-    /// else their metadata only.
+    /// else their metadata only. Every item is checked as it is decoded
+    /// ([`crate::sync::wire`]); a page with more items than asked for, or a `continue` token
+    /// that repeats, fails the list as an invalid answer.
     async fn list(&self, kind: CatalogKind, full: bool) -> Result<Vec<Observed>> {
         let wrap = |source| SyncError::ListSkrObjects { kind, source: Box::new(source) };
+        let invalid = |answer: InvalidAnswer| wrap(answer.into_kube());
         let copies = copies(kind, self.namespace);
         // A full page is read as bytes and digested one item at a time, so only one page and
         // one object are in memory at once; the permit bounds how many full lists a replica
         // reads at once (cold starts and shard takeovers sync many SKRs cold at once).
         let _permit = if full { self.full_lists.acquire().await.ok() } else { None };
+        let (limit, expect) = if full {
+            (FULL_LIST_PAGE, Expect { namespace: self.namespace, kind: kind.as_str() })
+        } else {
+            (METADATA_LIST_PAGE, Expect { namespace: self.namespace, kind: PARTIAL_OBJECT_METADATA })
+        };
         let mut listed = Vec::new();
         let mut token: Option<String> = None;
+        let mut tokens_seen = std::collections::HashSet::new();
         loop {
-            let mut lp = ListParams::default().limit(if full { FULL_LIST_PAGE } else { METADATA_LIST_PAGE });
+            let mut lp = ListParams::default().limit(limit);
             if let Some(token) = &token {
                 lp = lp.continue_token(token);
             }
-            let page = if full {
+            let page: Page = if full {
                 let request = copies.list(&lp).map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
                 let res = self.bounded(self.client.bytes(request)).await;
                 self.metrics.request(SkrVerb::List, &res);
-                digest_list(&res.map_err(wrap)?).map_err(|e| wrap(bounded_serde_error(e)))?
+                match digest_list(&res.map_err(wrap)?, expect) {
+                    Ok(page) => page,
+                    Err(PageError::Parse(e)) => return Err(wrap(bounded_serde_error(e))),
+                    Err(PageError::Invalid(answer)) => return Err(invalid(answer)),
+                }
             } else {
                 let request = copies.list_metadata(&lp).map_err(|e| wrap(kube::Error::BuildRequest(e)))?;
                 let res = self.bounded(self.client.json::<MetaOnlyList>(request)).await;
                 self.metrics.request(SkrVerb::List, &res);
-                let list = res.map_err(wrap)?;
-                Page {
-                    items: list.items.into_iter().map(|o| observed(o.metadata, None)).collect(),
-                    next: list.metadata.next,
-                }
+                res.map_err(wrap)?.checked(expect).map_err(invalid)?
             };
+            if page.items.len() > limit as usize {
+                return Err(invalid(InvalidAnswer {
+                    field: "items",
+                    problem: "holds more objects than the page asked for",
+                }));
+            }
             listed.extend(page.items);
             if listed.len() > MAX_LISTED {
                 return Err(wrap(kube::Error::Service(Box::new(TooManyObjects { limit: MAX_LISTED }))));
             }
-            match page.next.filter(|t| !t.is_empty()) {
-                Some(next) => token = Some(next),
+            match page.next {
+                Some(next) => {
+                    if !tokens_seen.insert(xxhash_rust::xxh3::xxh3_64(next.as_bytes())) {
+                        return Err(invalid(InvalidAnswer {
+                            field: "metadata.continue",
+                            problem: "repeats the token of an earlier page",
+                        }));
+                    }
+                    token = Some(next);
+                }
                 None => return Ok(listed),
             }
         }
@@ -608,161 +636,10 @@ impl SkrTarget<'_> {
     }
 }
 
-/// Reads a full list page (`{"metadata": {"continue": ..}, "items": [...]}`), keeping of each
-/// item what a plan needs: name, resourceVersion, whether it is managed, and its
-/// [`CopyDigest`].
-fn digest_list(body: &[u8]) -> serde_json::Result<Page> {
-    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-
-    struct Items;
-    impl<'de> DeserializeSeed<'de> for Items {
-        type Value = Vec<Observed>;
-        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_seq(self)
-        }
-    }
-    impl<'de> Visitor<'de> for Items {
-        type Value = Vec<Observed>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a list of objects")
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some(item) = seq.next_element::<Value>()? {
-                let meta = LeanMeta::deserialize(&item["metadata"]).map_err(serde::de::Error::custom)?;
-                out.push(observed(meta, Some(CopyDigest::of(&item))));
-            }
-            Ok(out)
-        }
-    }
-    struct List;
-    impl<'de> Visitor<'de> for List {
-        type Value = Page;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a list response")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut page = Page { items: Vec::new(), next: None };
-            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                match key.as_ref() {
-                    "items" => page.items = map.next_value_seed(Items)?,
-                    "metadata" => page.next = map.next_value::<ListContinue>()?.next,
-                    _ => {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                }
-            }
-            Ok(page)
-        }
-    }
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let page = de.deserialize_map(List)?;
-    de.end()?;
-    Ok(page)
-}
-
-/// The `continue` token of a list's metadata.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct ListContinue {
-    #[serde(rename = "continue")]
-    next: Option<String>,
-}
-
-fn observed(meta: LeanMeta, content: Option<CopyDigest>) -> Observed {
-    Observed {
-        managed: meta.managed_fields.iter().any(|f| f.manager == SKR_FIELD_MANAGER),
-        name: meta.name,
-        uid: meta.uid,
-        resource_version: meta.resource_version,
-        content,
-    }
-}
-
-/// The metadata a plan needs of an SKR object: everything else (the `fieldsV1` trees of
-/// managedFields above all, about half of a metadata-only list) is skipped while parsing,
-/// never built.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-struct LeanMeta {
-    name: String,
-    #[serde(deserialize_with = "null_as_default")]
-    uid: String,
-    #[serde(deserialize_with = "null_as_default")]
-    resource_version: String,
-    #[serde(deserialize_with = "null_as_default")]
-    managed_fields: Vec<LeanManager>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct LeanManager {
-    #[serde(deserialize_with = "null_as_default")]
-    manager: String,
-}
-
-/// An object answered as `PartialObjectMetadata`, read through [`LeanMeta`].
-#[derive(Debug, Deserialize)]
-struct MetaOnly {
-    #[serde(default)]
-    metadata: LeanMeta,
-}
-
-/// A `PartialObjectMetadataList`, read through [`LeanMeta`].
-#[derive(Debug, Deserialize)]
-struct MetaOnlyList {
-    #[serde(default)]
-    metadata: ListContinue,
-    #[serde(default, deserialize_with = "null_as_default")]
-    items: Vec<MetaOnly>,
-}
-
-/// Go encodes an empty slice or string pointer as `null`; read it as empty.
-fn null_as_default<'de, D: serde::Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::metrics::RequestResult;
-
-    fn item(name: &str, rv: &str, managers: &[&str]) -> Value {
-        let fields: Vec<Value> = managers
-            .iter()
-            .map(|m| json!({"manager": m, "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {".": {}}}}))
-            .collect();
-        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-               "metadata": {"name": name, "resourceVersion": rv, "labels": {"a": "b"}, "managedFields": fields}})
-    }
-
-    #[test]
-    fn metadata_lists_keep_name_version_and_managers_only() {
-        let text = json!({"kind": "PartialObjectMetadataList", "metadata": {"resourceVersion": "9"}, "items": [
-            item("a", "1", &[SKR_FIELD_MANAGER]),
-            item("b", "2", &["kubectl", "other"]),
-            item("c", "3", &[]),
-        ]})
-        .to_string();
-        let list: MetaOnlyList = serde_json::from_str(&text).expect("parses");
-        let got: Vec<Observed> = list.items.into_iter().map(|o| observed(o.metadata, None)).collect();
-        let summary: Vec<(&str, &str, bool)> =
-            got.iter().map(|o| (o.name.as_str(), o.resource_version.as_str(), o.managed)).collect();
-        assert_eq!(summary, [("a", "1", true), ("b", "2", false), ("c", "3", false)]);
-    }
-
-    #[test]
-    fn nulls_read_as_empty() {
-        let list: MetaOnlyList = serde_json::from_str(r#"{"items": null}"#).expect("parses");
-        assert!(list.items.is_empty());
-        let one: MetaOnly = serde_json::from_str(
-            r#"{"metadata": {"name": "x", "resourceVersion": null, "managedFields": [{"manager": null}]}}"#,
-        )
-        .expect("parses");
-        assert_eq!(one.metadata.resource_version, "");
-        assert_eq!(one.metadata.managed_fields.len(), 1);
-        assert_eq!(one.metadata.managed_fields[0].manager, "");
-    }
 
     fn orphan(name: &str, uid: &str, rv: &str) -> Orphan {
         Orphan { name: name.to_owned(), uid: uid.to_owned(), resource_version: rv.to_owned() }
@@ -787,17 +664,6 @@ mod tests {
         let request = prune_request(kind, "kyma-system", &orphan("old-0.1.0", "", "")).expect("a request");
         let body: Value = serde_json::from_slice(request.body()).expect("a JSON body");
         assert_eq!(body, json!({}));
-    }
-
-    #[test]
-    fn lists_keep_the_uid() {
-        let mut copy = item("m-1", "7", &[SKR_FIELD_MANAGER]);
-        copy["metadata"]["uid"] = json!("0a1b-uid");
-        let page = digest_list(json!({"items": [copy.clone()]}).to_string().as_bytes()).expect("parses");
-        assert_eq!(page.items[0].uid, "0a1b-uid");
-        let list: MetaOnlyList = serde_json::from_str(&json!({"items": [copy]}).to_string()).expect("parses");
-        let got: Vec<Observed> = list.items.into_iter().map(|o| observed(o.metadata, None)).collect();
-        assert_eq!(got[0].uid, "0a1b-uid");
     }
 
     /// What a mock SKR saw: per request, the object name and the JSON body.
@@ -828,7 +694,7 @@ mod tests {
                 Ok::<_, kube::Error>(response)
             }
         });
-        (SkrClient::new(kube::Client::new(service, "default"), 1 << 20), seen)
+        (SkrClient::new(kube::Client::new(service, "default"), 1 << 20, 1 << 24), seen)
     }
 
     /// Runs the prunes of `plan` against `client`; returns the result, the report, the memory
@@ -915,7 +781,7 @@ mod tests {
 
         let (service, mut handle) =
             tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
-        let client = SkrClient::new(kube::Client::new(service, "default"), 1 << 20);
+        let client = SkrClient::new(kube::Client::new(service, "default"), 1 << 20, 1 << 24);
         let metrics = SkrClientMetrics::register(&prometheus::Registry::new()).expect("metrics");
         let full_lists = tokio::sync::Semaphore::new(1);
         let applies = tokio::sync::Semaphore::new(4);
@@ -986,18 +852,5 @@ mod tests {
         drop(client);
         let more = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
         assert!(matches!(more, Ok(None)), "an unexpected request");
-    }
-
-    #[test]
-    fn full_lists_digest_each_item_with_its_metadata() {
-        let mut copy = item("m-1", "7", &[SKR_FIELD_MANAGER]);
-        copy["spec"] = json!({"descriptor": {"big": "x"}});
-        let text = json!({"metadata": {"continue": "next-page"}, "items": [copy.clone()]}).to_string();
-        let page = digest_list(text.as_bytes()).expect("parses");
-        assert_eq!(page.next.as_deref(), Some("next-page"));
-        let got = page.items;
-        assert_eq!(got.len(), 1);
-        assert_eq!((got[0].name.as_str(), got[0].resource_version.as_str(), got[0].managed), ("m-1", "7", true));
-        assert_eq!(got[0].content, Some(CopyDigest::of(&copy)));
     }
 }

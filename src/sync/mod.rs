@@ -3,7 +3,8 @@
 //! shrink guard ([`guard`]); the published catalog every sync reads ([`state`]); what the replica
 //! knows of each Kyma it syncs ([`kymas`]), which of a Kyma's labels it caches
 //! ([`label_keys`]), and what it keeps of its SKRs across restarts ([`recall`]); the
-//! `ModuleCatalog` condition ([`condition`]).
+//! `ModuleCatalog` condition ([`condition`]); the SKR's answers as the executor reads and
+//! checks them ([`wire`]).
 
 pub mod condition;
 pub mod executor;
@@ -14,3 +15,4 @@ pub mod publisher;
 pub mod recall;
 pub mod reconciler;
 pub mod state;
+pub mod wire;

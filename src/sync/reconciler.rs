@@ -356,14 +356,15 @@ async fn shadow(kyma: &Kyma, shard: u32, ctx: &Context) -> Result<Action> {
             ctx.kymas.finish(&name, Some(sync_fingerprint(&desired, &catalog)));
             let counts = ShadowCounts::of(&comparison);
             if ctx.kymas.set_shadow(&name, shard, counts) && !counts.agrees() {
+                // Counts and the first few names only: the extra names are the SKR's own.
                 let differ = |list: fn(&crate::catalog::KindComparison) -> &Vec<String>| {
-                    CatalogKind::ALL.map(|k| list(comparison.of(k)).join(",")).join(";")
+                    CatalogKind::ALL.map(|k| crate::text::sample(list(comparison.of(k)))).join("; ")
                 };
                 info!(
                     missing = %differ(|c| &c.missing),
                     different = %differ(|c| &c.different),
                     extra = %differ(|c| &c.extra),
-                    "Shadow: the SKR does not hold the desired catalog (ModuleTemplates;ModuleReleaseMetas)"
+                    "Shadow: the SKR does not hold the desired catalog (ModuleTemplates; ModuleReleaseMetas)"
                 );
             } else {
                 debug!(agrees = counts.agrees(), "Shadow: compared the SKR with the desired catalog");

@@ -624,3 +624,33 @@ fn from_memory_a_copy_no_longer_desired_needs_a_list_to_be_pruned() {
     assert_eq!(plan_from_memory(&BTreeMap::new(), &memory), None);
     assert_eq!(plan_from_memory(&BTreeMap::new(), &KindMemory::new()), Some(Plan::default()));
 }
+
+/// What an SKR can make a replica keep between syncs: at most [`MAX_BYTES_PER_COPY`] per
+/// remembered copy, whatever resourceVersions it sends (numbers, texts of the longest length
+/// kept, or longer ones, which are not kept).
+#[test]
+fn memory_per_copy_is_bounded_whatever_the_versions() {
+    const COPIES: usize = 500;
+    let longest = "v".repeat(MAX_REMEMBERED_VERSION);
+    let mut memory = KindMemory::new();
+    for i in 0..COPIES {
+        let rv = match i % 3 {
+            0 => format!("{}", 1_000_000 + i),
+            1 => longest.clone(),
+            _ => "x".repeat(1 << 20),
+        };
+        memory.remember(&format!("copy-{i}"), &rv, 7);
+    }
+    memory.shrink();
+    let kept = memory.len();
+    assert_eq!(kept, COPIES - COPIES / 3, "copies with over-long versions are not remembered");
+    assert!(!memory.saw("copy-2", &"x".repeat(1 << 20)));
+    assert!(memory.saw("copy-1", &longest) && memory.saw("copy-0", "1000000"));
+    let bytes = memory.heap_bytes();
+    assert!(bytes <= kept * MAX_BYTES_PER_COPY, "{bytes} bytes for {kept} copies");
+    assert_eq!(MAX_BYTES_PER_COPY, 112);
+
+    // A version that was remembered and then comes back too long is forgotten.
+    memory.remember("copy-0", &"x".repeat(65), 7);
+    assert!(!memory.saw("copy-0", "1000000"));
+}
