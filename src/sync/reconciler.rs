@@ -315,7 +315,10 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
         }
         Err(err) => {
             finish_failed(&ctx, &name, shard, &err);
-            warn!(reason = err.reason().as_str(), error = &err as &dyn std::error::Error, "Failed to sync catalog");
+            // The error and its causes as the condition says them: SKR text bounded and without
+            // control characters (a cause's own text, a TLS error naming the certificate's
+            // names for one, could be long).
+            warn!(reason = err.reason().as_str(), error = %err.condition_message(), "Failed to sync catalog");
             let wanted = Wanted {
                 status: ConditionStatus::False,
                 reason: err.reason(),
@@ -375,7 +378,7 @@ async fn shadow(kyma: &Kyma, shard: u32, ctx: &Context) -> Result<Action> {
             finish_failed(ctx, &name, shard, &err);
             warn!(
                 reason = err.reason().as_str(),
-                error = &err as &dyn std::error::Error,
+                error = %err.condition_message(),
                 "Shadow: failed to read the SKR"
             );
             Err(err)
