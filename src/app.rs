@@ -18,7 +18,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::api::{COORDINATOR_LEASE, Kyma};
 use crate::config::{CatalogFlags, ConfigError, Mode, RunArgs, SkrAccessArgs};
 use crate::http::{self, HttpState};
-use crate::metrics::{EvictionReason, Metrics};
+use crate::metrics::Metrics;
 use crate::sharding::ShardView;
 use crate::sharding::agent::{Agent, ShardsDebug};
 use crate::sharding::coordinator::{Coordinator, CoordinatorView};
@@ -280,7 +280,7 @@ pub async fn run_with(
         requeue: requeue_tx.clone(),
         on_release: Arc::new(move |kymas| {
             for kyma in kymas {
-                released.evict_skr(&kyma.name, EvictionReason::Released);
+                released.release(&kyma.name);
             }
         }),
         // Shadow mode writes nothing but its Leases.

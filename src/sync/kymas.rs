@@ -319,6 +319,16 @@ impl KymaRecords {
             .collect()
     }
 
+    /// Lets go of `kyma` when its shard was given up: its SKR access, what was recalled of
+    /// it, and its findings, so the scrape-time gauges of this replica no longer count a
+    /// Kyma another replica now syncs (they are added up across replicas).
+    pub fn release(&self, kyma: &str) {
+        if let Some(r) = self.lock().by_kyma.get_mut(kyma) {
+            r.findings = None;
+        }
+        self.evict_skr(kyma, EvictionReason::Released);
+    }
+
     /// Drops the access to `kyma`'s SKR (and anything recalled of it), counting why.
     pub fn evict_skr(&self, kyma: &str, reason: EvictionReason) {
         let (evicted, cached) = {
@@ -442,6 +452,19 @@ mod tests {
         assert!(!book.lock().pending_per_shard.contains_key(&3), "no stuck depth");
         book.forget("gone", EvictionReason::Deleted);
         assert!(book.is_empty(), "every record is gone");
+    }
+
+    #[test]
+    fn a_released_kyma_is_no_longer_counted_in_the_findings() {
+        let book = records();
+        book.set_contested("a", 1, true);
+        book.set_shadow("a", 1, ShadowCounts::default());
+        book.set_shadow("b", 1, ShadowCounts::default());
+        assert_eq!(book.findings().get(&1).map(|f| (f.contested, f.agree)), Some((1, 2)));
+        book.release("a");
+        assert_eq!(book.findings().get(&1).map(|f| (f.contested, f.agree)), Some((0, 1)));
+        book.release("b");
+        assert!(book.findings().is_empty(), "{:?}", book.findings());
     }
 
     #[test]
