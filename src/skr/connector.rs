@@ -55,6 +55,12 @@ impl SkrState {
         self.warm && self.verified_at.is_some_and(|at| at.elapsed() + TRUST_MARGIN < trust_for)
     }
 
+    /// When the SKR is due to be listed again: the time left until its memory is no longer
+    /// trusted (`None`: it was never verified, or trust is off).
+    pub fn verify_in(&self, trust_for: std::time::Duration) -> Option<std::time::Duration> {
+        self.verified_at.filter(|_| !trust_for.is_zero()).map(|at| trust_for.saturating_sub(at.elapsed()))
+    }
+
     /// What to keep of this state across a restart: `None` unless the last sync succeeded
     /// (a cold state is verified in full anyway).
     pub fn remembered(&self) -> Option<Recalled> {

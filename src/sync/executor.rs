@@ -211,10 +211,7 @@ impl SkrTarget<'_> {
             state.verified_at = None;
         }
         result.map(|mut report| {
-            report.verify_in = state
-                .verified_at
-                .filter(|_| !self.trust_memory_for.is_zero())
-                .map(|at| self.trust_memory_for.saturating_sub(at.elapsed()));
+            report.verify_in = state.verify_in(self.trust_memory_for);
             report
         })
     }

@@ -284,6 +284,13 @@ impl KymaRecords {
         entry.is_some_and(|e| e.state.try_lock().is_ok_and(|state| state.trusts_memory(trust_for)))
     }
 
+    /// When `kyma`'s SKR is due to be listed again ([`crate::skr::SkrState::verify_in`]);
+    /// `None` while a sync of it holds its state, or when it was never verified.
+    pub fn verify_in(&self, kyma: &str, trust_for: std::time::Duration) -> Option<std::time::Duration> {
+        let entry = self.lock().by_kyma.get(kyma).and_then(|r| r.skr.clone());
+        entry.and_then(|e| e.state.try_lock().ok().and_then(|state| state.verify_in(trust_for)))
+    }
+
     /// Takes what a previous holder kept of these Kymas' SKRs
     /// ([`crate::sync::recall::ShardMemory`]): the first sync of each SKR here uses it.
     pub fn recall(&self, kept: impl IntoIterator<Item = (String, Kept)>) {

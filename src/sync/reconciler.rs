@@ -428,8 +428,19 @@ pub fn error_policy(kyma: Arc<Kyma>, err: &SyncError, ctx: Arc<Context>) -> Acti
         ctx.metrics.sync.condition_write_failed(shard);
         warn!(error = err as &dyn std::error::Error, "Failed to write the ModuleCatalog condition");
     }
-    let failures = ctx.kymas.record_failure(&kyma.name_any());
-    Action::requeue(backoff(failures, ctx.settings.backoff_min, ctx.settings.backoff_max))
+    let name = kyma.name_any();
+    let failures = ctx.kymas.record_failure(&name);
+    let delay = backoff(failures, ctx.settings.backoff_min, ctx.settings.backoff_max);
+    // A sync that succeeded but whose condition write failed left its SKR verified: the next
+    // reconcile must come no later than the end of that trust, or a drift in the SKR would
+    // wait for the backoff (up to --backoff-max) on top of the resync period.
+    Action::requeue(retry_delay(delay, ctx.kymas.verify_in(&name, ctx.settings.resync_period)))
+}
+
+/// The delay before the next reconcile after a failure: the backoff, but no later than the
+/// end of the trust in the SKR's memory (`verify_in`), when the SKR is verified.
+pub fn retry_delay(backoff: Duration, verify_in: Option<Duration>) -> Duration {
+    verify_in.map_or(backoff, |due| backoff.min(due))
 }
 
 /// The delay after `failures` failures in a row: `min * 2^(failures-1)`, capped at `max`,
@@ -561,6 +572,14 @@ mod tests {
             assert!(late >= Duration::from_secs(150) && late <= max, "{late:?}");
         }
         assert!(backoff(3, min, max) <= Duration::from_secs(20));
+    }
+
+    #[test]
+    fn a_retry_comes_no_later_than_the_end_of_the_trust_in_the_skr() {
+        let (backoff, due) = (Duration::from_secs(300), Duration::from_secs(12));
+        assert_eq!(retry_delay(backoff, Some(due)), due, "a verified SKR is listed again when its trust ends");
+        assert_eq!(retry_delay(backoff, None), backoff, "an SKR not verified waits for the backoff");
+        assert_eq!(retry_delay(Duration::from_secs(5), Some(due)), Duration::from_secs(5));
     }
 
     #[test]
