@@ -542,9 +542,21 @@ async fn kyma_gets_only_its_condition_and_steady_state_writes_nothing() {
         let writes: Vec<_> =
             events.iter().filter(|e| e.is_write()).map(|e| (e.verb.clone(), e.resource().to_owned())).collect();
         assert!(writes.is_empty(), "SKR writes in steady state for {kyma}: {writes:?}");
-        let verbs: Vec<&str> = events.iter().map(|e| e.verb.as_str()).collect();
-        assert!(verbs.iter().all(|v| *v == "list"), "{kyma}: steady-state requests other than list: {verbs:?}");
-        assert!(events.len() >= 6, "{kyma}: expected two lists per resync, saw {}", events.len());
+        // Per resync: the copies of both kinds listed (metadata only), and the namespace and
+        // both CRDs read (the drift bound: each is verified once per resync period).
+        let requests: Vec<(&str, &str)> = events.iter().map(|e| (e.verb.as_str(), e.resource())).collect();
+        let expected = [
+            ("list", "moduletemplates"),
+            ("list", "modulereleasemetas"),
+            ("get", "namespaces"),
+            ("get", "customresourcedefinitions"),
+        ];
+        assert!(
+            requests.iter().all(|r| expected.contains(r)),
+            "{kyma}: steady-state requests other than the lists and the reads of the drift bound: {requests:?}"
+        );
+        let lists = requests.iter().filter(|(verb, _)| *verb == "list").count();
+        assert!(lists >= 6, "{kyma}: expected two lists per resync, saw {lists}");
     }
 }
 
@@ -718,22 +730,33 @@ async fn a_restart_verifies_unchanged_skrs_from_what_the_replica_kept() {
         s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await >= 2.0
     })
     .await;
-    // The unchanged SKR: two metadata-only lists, no namespace or CRD check, no write.
+    // The unchanged SKR: the namespace and both CRDs read (a record never stands in for
+    // them), two metadata-only lists, no write.
     let list = |resource: &str| ("list".to_owned(), resource.to_owned(), None);
+    let get = |resource: &str, name: &str| ("get".to_owned(), resource.to_owned(), Some(name.to_owned()));
+    let setup = [
+        get("namespaces", &s.sync_ns),
+        get("customresourcedefinitions", "modulereleasemetas.operator.kyma-project.io"),
+        get("customresourcedefinitions", "moduletemplates.operator.kyma-project.io"),
+    ];
+    let mut expected = setup.to_vec();
+    expected.extend([list("moduletemplates"), list("modulereleasemetas")]);
     assert_eq!(
         skr_requests(&s, &env.skr_a, "same", marks.0),
-        [list("moduletemplates"), list("modulereleasemetas")],
+        expected,
         "the SKR requests of an unchanged SKR after a restart"
     );
     // The edited one: its ModuleTemplates listed again in full, the edited copy applied.
+    let mut expected = setup.to_vec();
+    expected.extend([
+        list("moduletemplates"),
+        list("moduletemplates"),
+        ("patch".to_owned(), "moduletemplates".to_owned(), Some("keda-1.1.0".to_owned())),
+        list("modulereleasemetas"),
+    ]);
     assert_eq!(
         skr_requests(&s, &env.skr_b, "edited", marks.1),
-        [
-            list("moduletemplates"),
-            list("moduletemplates"),
-            ("patch".to_owned(), "moduletemplates".to_owned(), Some("keda-1.1.0".to_owned())),
-            list("modulereleasemetas"),
-        ],
+        expected,
         "the SKR requests of an SKR edited while no replica ran"
     );
 }

@@ -62,18 +62,21 @@ pub fn after_apply<'a>(
 /// Whether a sync looks at the SKR's CRDs, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrdCheck {
-    /// Not this time: a warm sync, and the KCP CRDs are the ones last ensured in this SKR.
+    /// Not this time: a warm sync within a resync period of the last check, and the KCP CRDs
+    /// are the ones last ensured in this SKR.
     Skip,
-    /// A cold sync (after a restart, a new access, a failure) verifies everything.
+    /// A sync that is not warm (after a restart, a handover, a new access, a failure), or
+    /// the last check is a resync period old: it verifies everything.
     Cold,
     /// The KCP CRDs changed since they were last ensured in this SKR, or were never ensured
     /// there.
     KcpChanged,
 }
 
-/// Decides whether a sync checks the SKR's CRDs: `warm` is whether the last sync through this
-/// access succeeded, `ensured` the combined hash of the CRDs last ensured in the SKR, `kcp` the
-/// combined hash of the KCP's CRDs now.
+/// Decides whether a sync checks the SKR's CRDs: `warm` is whether the SKR's namespace and
+/// CRDs need no check now (the last sync through this access succeeded and checked them
+/// within a resync period, `SkrState::trusts_setup` in `skr`), `ensured` the combined
+/// hash of the CRDs last ensured in the SKR, `kcp` the combined hash of the KCP's CRDs now.
 pub fn crd_check(warm: bool, ensured: Option<u64>, kcp: u64) -> CrdCheck {
     if !warm {
         CrdCheck::Cold

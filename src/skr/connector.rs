@@ -25,6 +25,9 @@ pub struct SkrState {
     /// When a successful sync last listed every kind (verified the SKR). Until one resync
     /// period after it, syncs of a warm SKR plan from [`SkrState::memory`] alone.
     pub verified_at: Option<tokio::time::Instant>,
+    /// When a successful sync last checked the SKR's namespace (and its label) and CRDs. They
+    /// are checked again at least once per resync period, whatever else is remembered.
+    pub setup_verified_at: Option<tokio::time::Instant>,
     /// Remembered resourceVersions and content hashes per kind.
     pub memory: BTreeMap<CatalogKind, KindMemory>,
     /// What a replica that held this SKR before remembered of it (kept in the KCP across
@@ -55,10 +58,20 @@ impl SkrState {
         self.warm && self.verified_at.is_some_and(|at| at.elapsed() + TRUST_MARGIN < trust_for)
     }
 
-    /// When the SKR is due to be listed again: the time left until its memory is no longer
-    /// trusted (`None`: it was never verified, or trust is off).
+    /// Whether a sync now may skip the namespace and CRD checks: the SKR is warm and a sync
+    /// checked them less than `trust_for` (minus [`TRUST_MARGIN`]) ago. A record recalled
+    /// from a previous holder never stands in for them (the state is not warm then).
+    pub fn trusts_setup(&self, trust_for: std::time::Duration) -> bool {
+        self.warm && self.setup_verified_at.is_some_and(|at| at.elapsed() + TRUST_MARGIN < trust_for)
+    }
+
+    /// When the SKR is due to be verified again: the time left until its memory, or its
+    /// namespace and CRD check, is no longer trusted, whichever comes first (`None`: it was
+    /// never verified, or trust is off).
     pub fn verify_in(&self, trust_for: std::time::Duration) -> Option<std::time::Duration> {
-        self.verified_at.filter(|_| !trust_for.is_zero()).map(|at| trust_for.saturating_sub(at.elapsed()))
+        let left = |at: tokio::time::Instant| trust_for.saturating_sub(at.elapsed());
+        let due = [self.verified_at, self.setup_verified_at].into_iter().flatten().map(left).min();
+        due.filter(|_| !trust_for.is_zero())
     }
 
     /// What to keep of this state across a restart: `None` unless the last sync succeeded

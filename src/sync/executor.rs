@@ -33,8 +33,8 @@ use crate::metrics::{SkrClientMetrics, SkrVerb};
 use crate::skr::SkrState;
 use crate::skr::request::{InvalidAnswer, SkrClient, TooManyObjects, bounded_serde_error};
 use crate::sync::wire::{
-    APPLIED, Expect, MetaOnly, MetaOnlyList, PARTIAL_OBJECT_METADATA, Page, PageError, check_resource_version,
-    digest_list,
+    APPLIED, Expect, Labelled, MetaOnly, MetaOnlyList, PARTIAL_OBJECT_METADATA, Page, PageError,
+    check_resource_version, digest_list,
 };
 
 /// Copies per page of a full list: 50 ModuleTemplates of up to 160 KB each fit the default
@@ -209,6 +209,7 @@ impl SkrTarget<'_> {
         if result.is_err() {
             state.crd_hash = None;
             state.verified_at = None;
+            state.setup_verified_at = None;
         }
         result.map(|mut report| {
             report.verify_in = state.verify_in(self.trust_memory_for);
@@ -218,21 +219,24 @@ impl SkrTarget<'_> {
 
     async fn sync_inner(&self, desired: &DesiredSet, crds: &SkrCrds, state: &mut SkrState) -> Result<SyncReport> {
         let mut report = SyncReport::default();
-        // A record kept across a restart stands in for a successful last sync: no namespace
-        // and CRD checks, and metadata-only lists, whose resourceVersions must match it.
-        // Used once: a sync that fails after it is cold again, and checks the namespace and
-        // the CRDs (a deleted namespace fails the recalled sync's applies).
+        // A record kept across a restart stands in for a successful last sync as far as the
+        // copies go: metadata-only lists, whose resourceVersions must match it. Used once: a
+        // sync that fails after it is cold again.
         let recalled = if state.warm { None } else { state.recalled.take() };
-        if let Some(recalled) = &recalled {
-            state.crd_hash = recalled.crd_hash;
-        }
         let warm = state.warm || recalled.is_some();
-        if !warm {
+        // The namespace and the CRDs are checked on every sync that is not warm (a recalled
+        // record never stands in for them) and at least once per resync period; else only
+        // when the KCP's CRDs changed since they were last ensured here.
+        let setup_due = !state.trusts_setup(self.trust_memory_for);
+        if setup_due {
             report.setup_writes += self.ensure_namespace().await?;
         }
-        if crd_check(warm, state.crd_hash, crds.hash) != CrdCheck::Skip {
+        if crd_check(!setup_due, state.crd_hash, crds.hash) != CrdCheck::Skip {
             report.setup_writes += self.ensure_crds(crds).await?;
             state.crd_hash = Some(crds.hash);
+        }
+        if setup_due {
+            state.setup_verified_at = Some(tokio::time::Instant::now());
         }
         let mut first_error = None;
         let trusted = state.trusts_memory(self.trust_memory_for);
@@ -556,17 +560,20 @@ impl SkrTarget<'_> {
         }
     }
 
-    /// Creates the sync namespace when missing. Returns the number of writes (0 or 1).
+    /// Creates the sync namespace when missing, and gives it the managed-by label when it
+    /// lacks it (nothing else of an existing namespace is changed). Returns the number of
+    /// writes (0 or 1).
     async fn ensure_namespace(&self) -> Result<usize> {
         let namespaces = Request::new(Namespace::url_path(&(), None));
         let wrap =
             |source| SyncError::EnsureSkrNamespace { namespace: self.namespace.to_owned(), source: Box::new(source) };
         let build = |e| wrap(kube::Error::BuildRequest(e));
         let request = namespaces.get_metadata(self.namespace, &GetParams::default()).map_err(build)?;
-        let res = self.bounded(self.client.bytes(request)).await;
+        let res = self.bounded(self.client.json::<Labelled>(request)).await;
         self.metrics.request(SkrVerb::Get, &res);
         match res {
-            Ok(_) => return Ok(0),
+            Ok(held) if held.has(MANAGED_BY_LABEL, MANAGED_BY_VALUE) => return Ok(0),
+            Ok(_) => {}
             Err(err) if is_not_found(&err) => {}
             Err(err) => return Err(wrap(err)),
         }

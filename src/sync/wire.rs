@@ -147,6 +147,31 @@ struct ListContinue {
     next: Capped<MAX_CONTINUE>,
 }
 
+/// An object's labels, read from its metadata (the sync namespace's, to see whether it
+/// carries the managed-by label).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Labelled {
+    metadata: LabelsOnly,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct LabelsOnly {
+    #[serde(deserialize_with = "null_as_default")]
+    labels: std::collections::BTreeMap<String, Capped<MAX_LABEL_VALUE>>,
+}
+
+/// Longest label value the apiserver accepts.
+pub const MAX_LABEL_VALUE: usize = 63;
+
+impl Labelled {
+    /// Whether the object carries label `key` with `value`.
+    pub fn has(&self, key: &str, value: &str) -> bool {
+        self.metadata.labels.get(key).and_then(Capped::as_str) == Some(value)
+    }
+}
+
 /// What the executor expects of the objects in one answer.
 #[derive(Debug, Clone, Copy)]
 pub struct Expect<'a> {
