@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use catalogsync::api::{CONFIG_LEASE, member_lease_name, shard_lease_name};
+use catalogsync::api::{
+    CONFIG_LEASE, MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION, member_lease_name, shard_lease_name,
+};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use testenv::fleet::{Fleet, holders};
@@ -142,6 +144,42 @@ async fn a_member_lease_deleted_by_hand_moves_nothing() {
     let forced_after = f.metric_sum(&["r1", "r2"], "catalogsync_shard_forced_takeovers_total").await;
     assert_eq!(forced_after, forced, "a shard was force-released");
     check(&f);
+}
+
+/// A member Lease marked as left by hand while its process lives moves nothing: the
+/// coordinator believes a left mark only from a member that holds no shard, and the live
+/// process takes the mark off again at its next renewal. No SKR has two writers meanwhile.
+#[tokio::test]
+async fn a_member_lease_marked_left_by_hand_moves_nothing() {
+    let _serial = SERIAL.lock().await;
+    let mut f = fleet("member-left").await;
+    for r in ["r1", "r2"] {
+        f.spawn(r);
+    }
+    let before = holders(&f.await_converged(&["r1", "r2"]).await);
+    f.await_all_synced().await;
+
+    for round in 0..3 {
+        let lease = f.leases().get(&member_lease_name("r1")).await.expect("member Lease");
+        let nonce = lease.metadata.annotations.as_ref().and_then(|a| a.get(MEMBER_NONCE_ANNOTATION)).cloned();
+        let nonce = nonce.expect("the Lease names its process");
+        let patch = serde_json::json!({"metadata": {"annotations": {MEMBER_LEFT_ANNOTATION: nonce}}});
+        f.leases()
+            .patch(&member_lease_name("r1"), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("mark the member Lease as left");
+        tokio::time::sleep(LEASE_DURATION / 2).await;
+        eprintln!("round {round}: member Lease of r1 marked as left by hand");
+    }
+    let took = f.release_everywhere("1.1.0").await;
+    eprintln!("a release during the marks reached every SKR in {:.1}s", took.as_secs_f64());
+    tokio::time::sleep(LEASE_DURATION).await;
+
+    let after = holders(&f.table().await);
+    assert_eq!(before, after, "shards moved after the member Lease was marked as left by hand");
+    assert!(f.log("r1").contains("marked as left by someone else"), "r1 did not notice the mark");
+    let report = check(&f);
+    eprintln!("double writers: {}, SKR writes checked: {}", report.violations.len(), report.skr_writes_checked);
 }
 
 /// Shard Leases deleted, handed to another replica, or released by hand: the old holder stops

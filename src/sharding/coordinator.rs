@@ -216,8 +216,16 @@ impl Coordinator {
     fn observe(&self, observed: &mut Observed) -> Vec<Arc<Lease>> {
         let clock = Instant::now();
         let all = self.leases.state();
+        // A process marks its Lease as left only after it released its shards. A Lease marked
+        // while its member still holds a shard (by hand, say, while the process lives) is not
+        // believed: that member is judged by its renewals like any other, so its shards move
+        // only once it is gone, never to a second writer while it still writes.
+        let holding: BTreeSet<String> =
+            all.iter().filter(|l| is_shard(l)).map(|l| lease::state(l).holder).filter(|h| !h.is_empty()).collect();
+        let left_clean =
+            |l: &Arc<Lease>| lease::member_left(l) && !lease::member_identity(l).is_some_and(|id| holding.contains(id));
         let (left, present): (Vec<&Arc<Lease>>, Vec<&Arc<Lease>>) =
-            all.iter().filter(|l| is_member(l)).partition(|l| lease::member_left(l));
+            all.iter().filter(|l| is_member(l)).partition(|l| left_clean(l));
         observed.liveness.observe(
             present.iter().filter_map(|l| Some((lease::member_identity(l)?, lease::member_version(l)))),
             clock,

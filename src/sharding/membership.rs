@@ -222,12 +222,26 @@ impl Member {
         ]))
         .map_err(kube::Error::SerdeError)?;
         match self.bounded(self.api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))).await {
+            Ok(lease) if member_left(&lease) => self.unmark_left(&name).await,
             Ok(lease) => Ok(Renewal::Renewed(lease.resource_version().unwrap_or_default())),
             Err(kube::Error::Api(s)) if s.code == 404 => self.create(now).await,
             // The test failed: the Lease carries another nonce (or none).
             Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => self.take_over_if_gone(other, now).await,
             Err(e) => Err(e),
         }
+    }
+
+    /// The Lease of this live process says it left (marked by hand): the mark is taken off
+    /// again, so the coordinator keeps judging this member by its renewals.
+    async fn unmark_left(&self, name: &str) -> Result<Renewal, kube::Error> {
+        warn!(lease = %name, "The member Lease of this running process was marked as left by someone else; removing the mark");
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": nonce_path(), "value": self.nonce},
+            {"op": "remove", "path": annotation_path(MEMBER_LEFT_ANNOTATION)},
+        ]))
+        .map_err(kube::Error::SerdeError)?;
+        let lease = self.bounded(self.api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))).await?;
+        Ok(Renewal::Renewed(lease.resource_version().unwrap_or_default()))
     }
 
     async fn create(&self, now: Timestamp) -> Result<Renewal, kube::Error> {
