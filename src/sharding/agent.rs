@@ -210,6 +210,7 @@ impl Agent {
                 fenced,
                 in_flight: self.view.in_flight(shard),
                 drain_timeout: self.timing.drain_timeout,
+                writes_settled: self.writes_settled(shard),
                 clean,
                 settle: self.timing.drain_timeout + self.timing.request_timeout,
             };
@@ -303,6 +304,12 @@ impl Agent {
         }
     }
 
+    /// Whether the last SKR write of `shard` allowed here was allowed at least the request
+    /// timeout ago (or none was).
+    fn writes_settled(&self, shard: u32) -> bool {
+        self.view.since_last_write(shard).is_none_or(|since| since >= self.timing.request_timeout)
+    }
+
     fn drop_shard(&self, shard: u32, local: &mut [Local], op: HandoverOp) {
         local[shard as usize] = Local::Idle;
         self.view.set_active(shard, false);
@@ -372,6 +379,11 @@ impl Agent {
         };
         if tokio::time::timeout(self.timing.drain_timeout, drained).await.is_err() {
             warn!("Syncs still running at the drain timeout; releasing shards anyway");
+        }
+        // A write sent last may still land until the request timeout after it was allowed.
+        let last = (0..self.view.shards()).filter_map(|s| self.view.since_last_write(s)).min();
+        if let Some(wait) = last.map(|since| self.timing.request_timeout.saturating_sub(since)) {
+            tokio::time::sleep(wait).await;
         }
         let leases = self.current(written);
         let held: Vec<(u32, &Lease)> = (0..self.view.shards())

@@ -89,6 +89,10 @@ pub struct Facts<'a> {
     pub in_flight: usize,
     /// Longest wait for in-flight syncs before releasing anyway.
     pub drain_timeout: Duration,
+    /// Whether every SKR write of the shard allowed here was allowed at least the request
+    /// timeout ago (or none was): a request sent may land until then, even after its sync
+    /// ended or was dropped, so the shard is released no sooner.
+    pub writes_settled: bool,
     /// Whether the Lease is clean: released by the protocol, or last claimed by this process.
     pub clean: bool,
     /// How long to wait in `Pending` before writing a Lease that is not clean.
@@ -107,7 +111,7 @@ pub fn decide(lease: &LeaseState, local: Local, facts: Facts<'_>) -> Action {
         Local::Active => Action::None,
         Local::Draining(since) => {
             let drained = facts.in_flight == 0 || facts.now.saturating_duration_since(since) >= facts.drain_timeout;
-            if drained { Action::Release } else { Action::None }
+            if drained && facts.writes_settled { Action::Release } else { Action::None }
         }
         Local::Idle if facts.fenced => Action::None,
         Local::Pending(_) if facts.fenced => Action::Forget,
@@ -153,6 +157,7 @@ mod tests {
             fenced,
             in_flight,
             drain_timeout: Duration::from_secs(10),
+            writes_settled: true,
             clean: true,
             settle: Duration::from_secs(13),
         }
@@ -160,6 +165,20 @@ mod tests {
 
     fn unclean(now: Instant) -> Facts<'static> {
         Facts { clean: false, ..facts(now, 0, false) }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drained_shard_is_released_only_once_its_last_write_has_settled() {
+        let start = Instant::now();
+        let draining = Local::Draining(start);
+        let unsettled = Facts { writes_settled: false, ..facts(start, 0, false) };
+        // No sync runs any more, but a write was allowed less than a request timeout ago.
+        assert_eq!(decide(&lease("a", "b"), draining, unsettled), Action::None);
+        // Not even at the drain timeout.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let late = Facts { writes_settled: false, ..facts(Instant::now(), 1, false) };
+        assert_eq!(decide(&lease("a", "b"), draining, late), Action::None);
+        assert_eq!(decide(&lease("a", "b"), draining, facts(Instant::now(), 0, false)), Action::Release);
     }
 
     #[tokio::test(start_paused = true)]

@@ -27,6 +27,9 @@ struct Inner {
     stopping: AtomicBool,
     active: Vec<AtomicBool>,
     in_flight: Vec<AtomicUsize>,
+    /// Per shard, milliseconds after `epoch` of the last write allowed by
+    /// [`ShardView::may_write`], plus one (0: none yet).
+    last_write_ms: Vec<AtomicU64>,
     /// Woken when a sync ends, so a draining shard is released as soon as it is idle.
     idle: Notify,
     /// Set when a renewal ends a fenced period; the agent then gives up its shards.
@@ -53,6 +56,7 @@ impl ShardView {
                 stopping: AtomicBool::new(false),
                 active: (0..shards).map(|_| AtomicBool::new(false)).collect(),
                 in_flight: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
+                last_write_ms: (0..shards).map(|_| AtomicU64::new(0)).collect(),
                 idle: Notify::new(),
                 lapsed: AtomicBool::new(false),
                 lapses: AtomicU64::new(0),
@@ -156,9 +160,23 @@ impl ShardView {
     }
 
     /// Whether a write to the SKR of `namespace/name` is allowed right now; checked right
-    /// before every SKR write.
+    /// before every SKR write. An allowed write is noted for its shard: a request sent may
+    /// still land until the request timeout after it, even when its sync was dropped, so a
+    /// shard is released no sooner ([`ShardView::since_last_write`]).
     pub fn may_write(&self, namespace: &str, name: &str) -> bool {
-        self.owns(namespace, name)
+        let shard = self.shard_of(namespace, name);
+        let allowed = self.owns_shard(shard);
+        if allowed && let Some(last) = self.inner.last_write_ms.get(shard as usize) {
+            let ms = u64::try_from(self.inner.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+            last.fetch_max(ms + 1, Ordering::AcqRel);
+        }
+        allowed
+    }
+
+    /// How long ago the last write to an SKR of `shard` was allowed (`None`: never).
+    pub fn since_last_write(&self, shard: u32) -> Option<std::time::Duration> {
+        let ms = self.inner.last_write_ms.get(shard as usize)?.load(Ordering::Acquire).checked_sub(1)?;
+        Some(self.inner.epoch.elapsed().saturating_sub(std::time::Duration::from_millis(ms)))
     }
 
     /// Starts a sync of the Kyma's SKR if its shard is ours; the guard counts it as in flight
@@ -243,5 +261,18 @@ mod tests {
         view.set_active(0, false);
         assert!(view.begin("ns", "k").is_none());
         assert_eq!(view.in_flight(0), 0);
+    }
+
+    #[test]
+    fn an_allowed_write_is_noted_for_its_shard_and_a_refused_one_is_not() {
+        let view = ShardView::single_replica();
+        assert_eq!(view.since_last_write(0), None);
+        view.set_active(0, false);
+        assert!(!view.may_write("ns", "k"));
+        assert_eq!(view.since_last_write(0), None, "a refused write is not noted");
+        view.set_active(0, true);
+        assert!(view.may_write("ns", "k"));
+        let since = view.since_last_write(0).expect("noted");
+        assert!(since < std::time::Duration::from_secs(5), "{since:?}");
     }
 }
