@@ -64,20 +64,33 @@ pub fn condition_owners(entries: &[ManagedFieldsEntry]) -> Vec<ManagedFieldsEntr
             manager: e.manager.clone(),
             operation: e.operation.clone(),
             subresource: e.subresource.clone(),
+            time: e.time.clone(),
             ..ManagedFieldsEntry::default()
         })
         .collect()
 }
 
+/// How long after another applier's last write of the Kyma's status its ownership of the
+/// `ModuleCatalog` condition still counts as a contest. lifecycle-manager resets every
+/// condition and applies the whole status on every reconcile, at least every 5 minutes (its
+/// Ready requeue), and its `lastTransitionTime`s change each time, so its managed-fields time
+/// moves at least that often while it runs; three of its periods are the bound. An owner whose
+/// last write is older (lifecycle-manager removed or stopped, a hand apply of long ago) no
+/// longer silences catalogsync, whose forced apply then takes the condition back.
+pub const CONTEST_STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
 /// The field manager, other than catalogsync, that keeps applying the Kyma's `ModuleCatalog`
-/// condition, if any: an owner of the condition whose operation is `Apply` (a server-side
-/// applier states its intent on every write, as lifecycle-manager's forced status apply does).
-/// An owner by `Update` (a one-off edit) is not a contest; catalogsync's forced apply takes
-/// the fields over from it. `kyma` must carry the entries [`condition_owners`] keeps.
-pub fn contested_by(kyma: &Kyma) -> Option<&str> {
+/// condition at `now`, if any: an owner of the condition whose operation is `Apply` (a
+/// server-side applier states its intent on every write, as lifecycle-manager's forced status
+/// apply does) and whose last write is less than [`CONTEST_STALE_AFTER`] old (an entry
+/// without a time counts as fresh). An owner by `Update` (a one-off edit) is not a contest;
+/// catalogsync's forced apply takes the fields over from it. `kyma` must carry the entries
+/// [`condition_owners`] keeps.
+pub fn contested_by(kyma: &Kyma, now: Timestamp) -> Option<&str> {
     kyma.metadata.managed_fields.iter().flatten().find_map(|e| {
         let manager = e.manager.as_deref()?;
-        (manager != KCP_FIELD_MANAGER && e.operation.as_deref() == Some("Apply") && owns_condition_kept(e))
+        let fresh = e.time.as_ref().is_none_or(|t| now.duration_since(t.0).as_secs() < CONTEST_STALE_AFTER.as_secs() as i64);
+        (manager != KCP_FIELD_MANAGER && e.operation.as_deref() == Some("Apply") && owns_condition_kept(e) && fresh)
             .then_some(manager)
     })
 }
@@ -217,13 +230,32 @@ mod tests {
         assert_eq!(managers, ["lifecycle-manager", "kubectl-edit", KCP_FIELD_MANAGER]);
         assert!(kept.iter().all(|e| e.fields_v1.is_none()), "field sets are not kept");
 
+        let now = Timestamp::from_second(100_000).expect("valid");
         let mut kyma = Kyma::new("k", Default::default());
         kyma.metadata.managed_fields = Some(kept);
-        assert_eq!(contested_by(&kyma), Some("lifecycle-manager"));
+        assert_eq!(contested_by(&kyma, now), Some("lifecycle-manager"));
         kyma.metadata.managed_fields = Some(condition_owners(&entries[1..]));
-        assert_eq!(contested_by(&kyma), None, "a one-off Update and catalogsync itself do not contest it");
+        assert_eq!(contested_by(&kyma, now), None, "a one-off Update and catalogsync itself do not contest it");
         kyma.metadata.managed_fields = Some(entries[2..3].to_vec());
-        assert_eq!(contested_by(&kyma), None, "an applier of other conditions does not contest it");
+        assert_eq!(contested_by(&kyma, now), None, "an applier of other conditions does not contest it");
+    }
+
+    /// An applier that stopped writing (lifecycle-manager removed while it owned the
+    /// condition, a hand apply of long ago) contests the condition only for
+    /// [`CONTEST_STALE_AFTER`] after its last write; then catalogsync takes it back.
+    #[test]
+    fn a_contest_lasts_only_while_the_other_applier_keeps_writing() {
+        let catalog = json!({"f:status": {"f:conditions": {"k:{\"type\":\"ModuleCatalog\"}": {".": {}}}}});
+        let written = Timestamp::from_second(100_000).expect("valid");
+        let mut applied = entry("sre-by-hand", "Apply", catalog);
+        applied.time = Some(Time(written));
+        let mut kyma = Kyma::new("k", Default::default());
+        kyma.metadata.managed_fields = Some(condition_owners(&[applied]));
+        let after = |secs: i64| Timestamp::from_second(100_000 + secs).expect("valid");
+        assert_eq!(contested_by(&kyma, after(60)), Some("sre-by-hand"));
+        let stale = CONTEST_STALE_AFTER.as_secs() as i64;
+        assert_eq!(contested_by(&kyma, after(stale - 1)), Some("sre-by-hand"));
+        assert_eq!(contested_by(&kyma, after(stale)), None, "a contest ends when the other applier stops writing");
     }
 
     #[test]

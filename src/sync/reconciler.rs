@@ -245,7 +245,7 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
     };
 
     let shard = in_flight.shard();
-    let contested = condition::contested_by(&kyma);
+    let contested = condition::contested_by(&kyma, Timestamp::now());
     if let Some(manager) = contested {
         if ctx.kymas.set_contested(&name, shard, true) {
             info!(
