@@ -259,6 +259,7 @@ pub async fn run_with(
         heartbeat: membership_beat.clone(),
         leases: lease_store.clone(),
         predecessors: predecessors.clone(),
+        shadow: mode == Mode::Shadow,
     }
     .run(shutdown.clone(), shards_released.clone())
     .instrument(info_span!("membership"));

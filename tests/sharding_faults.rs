@@ -182,6 +182,37 @@ async fn a_member_lease_marked_left_by_hand_moves_nothing() {
     eprintln!("double writers: {}, SKR writes checked: {}", report.violations.len(), report.skr_writes_checked);
 }
 
+/// A shadow replica started in the Lease namespace of an active one (an overlay applied
+/// to the wrong namespace, or a cutover's rolling update) holds no shard: it stays fenced,
+/// says why, and every Kyma is synced by the active replica; once the active replica is
+/// gone it takes part again.
+#[tokio::test]
+async fn a_shadow_replica_beside_an_active_one_holds_no_shard() {
+    let _serial = SERIAL.lock().await;
+    let mut f = fleet("mixed-mode").await;
+    f.spawn("r1");
+    f.await_converged(&["r1"]).await;
+    let args = f.args();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(["--mode", "shadow"]);
+    f.spawn_replica("s1", &args).expect("spawn the shadow replica");
+    testenv::await_condition(PROMPT, "the shadow replica to say why it stays out", || async {
+        f.log("s1").contains("An active replica lives in this Lease namespace")
+    })
+    .await;
+    let took = f.release_everywhere("1.1.0").await;
+    eprintln!("a release with a shadow replica beside reached every SKR in {:.1}s", took.as_secs_f64());
+    let table = f.await_converged(&["r1"]).await;
+    assert!(holders(&table).values().all(|h| h == "r1"), "the shadow replica holds shards: {table:?}");
+    let (code, _) = f.http_get("s1", "/readyz").await.expect("readyz");
+    assert_eq!(code, 503, "the shadow replica must not be ready beside an active one");
+
+    // The active replica leaves: the shadow replica takes part again.
+    f.terminate("r1").await.expect("stop r1");
+    f.await_converged(&["s1"]).await;
+    check(&f);
+}
+
 /// Shard Leases deleted, handed to another replica, or released by hand: the old holder stops
 /// at once, the new one writes only after the old one's requests ended, and every shard
 /// ends up held again.

@@ -171,6 +171,11 @@ pub const MEMBER_NONCE_ANNOTATION: &str = "catalogsync.kyma-project.io/process-n
 /// after releasing its shards: the coordinator counts it as gone at once instead of a lease
 /// duration after the Lease disappeared.
 pub const MEMBER_LEFT_ANNOTATION: &str = "catalogsync.kyma-project.io/left";
+
+/// Annotation of a member Lease: the replica's `--mode`, `active` or `shadow` (absent: active).
+/// A shadow replica stays out of a Lease namespace in which an active replica lives, so that
+/// no shard is held by a replica that does not sync it.
+pub const MEMBER_MODE_ANNOTATION: &str = "catalogsync.kyma-project.io/mode";
 /// Name of the coordinator election Lease.
 pub const COORDINATOR_LEASE: &str = "catalogsync-coordinator";
 /// Annotation on the [`COORDINATOR_LEASE`] a human sets to let a catalog state through that

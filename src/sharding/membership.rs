@@ -22,9 +22,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::api::{CONFIG_LEASE, MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION, member_lease_name};
+use crate::api::{
+    CONFIG_LEASE, MEMBER_LEFT_ANNOTATION, MEMBER_MODE_ANNOTATION, MEMBER_NONCE_ANNOTATION, member_lease_name,
+};
 use crate::metrics::{RenewalResult, ShardMetrics};
-use crate::sharding::lease::{member_left, member_version, new_config, new_member, recorded_shards};
+use crate::sharding::lease::{
+    expiry, is_member, member_identity, member_left, member_version, new_config, new_member, recorded_shards,
+};
 use crate::sharding::liveness::Liveness;
 use crate::sharding::{ShardView, Timing};
 
@@ -48,7 +52,21 @@ pub struct Member {
     pub leases: Store<Lease>,
     /// Filled with the nonce of a predecessor whose member Lease this process took over.
     pub predecessors: Predecessors,
+    /// Whether this replica runs in shadow mode: it then takes part only while no active
+    /// replica lives in its Lease namespace.
+    pub shadow: bool,
 }
+
+/// The `--mode` a member Lease names ([`MEMBER_MODE_ANNOTATION`]; absent: active).
+fn is_shadow_member(lease: &Lease) -> bool {
+    lease.annotations().get(MEMBER_MODE_ANNOTATION).is_some_and(|m| m == MODE_SHADOW)
+}
+
+/// The value of [`MEMBER_MODE_ANNOTATION`] of a shadow replica.
+const MODE_SHADOW: &str = "shadow";
+
+/// The value of [`MEMBER_MODE_ANNOTATION`] of an active replica.
+const MODE_ACTIVE: &str = "active";
 
 /// What the config Lease says of this replica's `--shards`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +104,8 @@ enum Renewal {
     Renewed(String),
     /// Another process holds the Lease of this identity and renews it.
     HeldByAnother,
-    /// Not attempted: the shard count is not (yet) known to agree.
+    /// Not attempted: the shard count is not (yet) known to agree, or this shadow replica
+    /// stays out of a Lease namespace with active replicas.
     Skipped,
 }
 
@@ -105,6 +124,7 @@ impl Member {
         let mut other = Liveness::new(self.timing.lease_duration);
         let mut version: Option<String> = None;
         let mut mismatch = false;
+        let mut yielded = false;
         loop {
             self.heartbeat.beat();
             let sent = Instant::now();
@@ -121,9 +141,21 @@ impl Member {
             }
             mismatch = matches!(count, ShardCount::Differs(_));
             self.metrics.shard_count_mismatch(mismatch);
+            // A shadow replica among active ones would hold shards it never syncs.
+            let beside_active = self.shadow && self.active_member_lives();
+            if beside_active != yielded {
+                if beside_active {
+                    error!(
+                        "An active replica lives in this Lease namespace: this shadow replica stays fenced and holds no shard; run shadow replicas with a --lease-namespace of their own"
+                    );
+                } else {
+                    info!("No active replica lives in this Lease namespace any more: taking part again");
+                }
+                yielded = beside_active;
+            }
             let renewal = match count {
-                ShardCount::Agrees => self.renew(&mut other).await,
-                ShardCount::Differs(_) | ShardCount::Unknown => Ok(Renewal::Skipped),
+                ShardCount::Agrees if !beside_active => self.renew(&mut other).await,
+                ShardCount::Agrees | ShardCount::Differs(_) | ShardCount::Unknown => Ok(Renewal::Skipped),
             };
             match renewal {
                 Ok(Renewal::Skipped) => {}
@@ -209,6 +241,23 @@ impl Member {
         }
     }
 
+    /// Whether the Lease cache shows a member Lease of an active replica (another identity)
+    /// that has not left and has not expired by its own renewal time.
+    fn active_member_lives(&self) -> bool {
+        let now = Timestamp::now();
+        self.leases.state().iter().any(|l| {
+            is_member(l)
+                && !is_shadow_member(l)
+                && !member_left(l)
+                && member_identity(l).is_some_and(|id| id != self.identity)
+                && expiry(l).is_some_and(|at| at > now)
+        })
+    }
+
+    fn mode(&self) -> &'static str {
+        if self.shadow { MODE_SHADOW } else { MODE_ACTIVE }
+    }
+
     async fn renew(&self, other: &mut Liveness) -> Result<Renewal, kube::Error> {
         let name = member_lease_name(&self.identity);
         let now = Timestamp::now();
@@ -219,6 +268,7 @@ impl Member {
             {"op": "add", "path": "/spec/holderIdentity", "value": self.identity},
             {"op": "add", "path": "/spec/renewTime", "value": MicroTime(now)},
             {"op": "add", "path": "/spec/leaseDurationSeconds", "value": self.timing.lease_secs()},
+            {"op": "add", "path": annotation_path(MEMBER_MODE_ANNOTATION), "value": self.mode()},
         ]))
         .map_err(kube::Error::SerdeError)?;
         match self.bounded(self.api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))).await {
@@ -248,6 +298,7 @@ impl Member {
         let namespace = self.api.namespace().unwrap_or_default().to_owned();
         let mut lease = new_member(&self.identity, &namespace, self.timing.lease_secs(), now);
         lease.annotations_mut().insert(MEMBER_NONCE_ANNOTATION.to_owned(), self.nonce.clone());
+        lease.annotations_mut().insert(MEMBER_MODE_ANNOTATION.to_owned(), self.mode().to_owned());
         match self.bounded(self.api.create(&PostParams::default(), &lease)).await {
             Ok(created) => {
                 info!(lease = %created.name_any(), "Created member Lease");
@@ -276,6 +327,7 @@ impl Member {
         let predecessor = lease.annotations().get(MEMBER_NONCE_ANNOTATION).cloned().unwrap_or_default();
         lease.annotations_mut().remove(MEMBER_LEFT_ANNOTATION);
         lease.annotations_mut().insert(MEMBER_NONCE_ANNOTATION.to_owned(), self.nonce.clone());
+        lease.annotations_mut().insert(MEMBER_MODE_ANNOTATION.to_owned(), self.mode().to_owned());
         let spec = lease.spec.get_or_insert_with(Default::default);
         spec.holder_identity = Some(self.identity.clone());
         spec.renew_time = Some(MicroTime(now));

@@ -89,7 +89,8 @@ pub const CONTEST_STALE_AFTER: std::time::Duration = std::time::Duration::from_s
 pub fn contested_by(kyma: &Kyma, now: Timestamp) -> Option<&str> {
     kyma.metadata.managed_fields.iter().flatten().find_map(|e| {
         let manager = e.manager.as_deref()?;
-        let fresh = e.time.as_ref().is_none_or(|t| now.duration_since(t.0).as_secs() < CONTEST_STALE_AFTER.as_secs() as i64);
+        let fresh =
+            e.time.as_ref().is_none_or(|t| now.duration_since(t.0).as_secs() < CONTEST_STALE_AFTER.as_secs() as i64);
         (manager != KCP_FIELD_MANAGER && e.operation.as_deref() == Some("Apply") && owns_condition_kept(e) && fresh)
             .then_some(manager)
     })
