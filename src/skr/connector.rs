@@ -136,3 +136,32 @@ impl SkrConnector {
         Ok(SkrEntry { secret_version: version, access, state: tokio::sync::Mutex::default() })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The namespace and CRD check is trusted for one resync period and only in a warm state;
+    /// the next verification is due when the copies' memory or that check expires, whichever
+    /// comes first.
+    #[tokio::test(start_paused = true)]
+    async fn the_setup_check_is_trusted_for_one_period_and_never_in_a_cold_state() {
+        let period = Duration::from_secs(300);
+        let mut state = SkrState { warm: true, ..SkrState::default() };
+        assert!(!state.trusts_setup(period), "never checked");
+        state.setup_verified_at = Some(tokio::time::Instant::now());
+        assert!(state.trusts_setup(period));
+        state.warm = false;
+        assert!(!state.trusts_setup(period), "a cold state (a recalled record included) checks again");
+        state.warm = true;
+        tokio::time::advance(Duration::from_secs(100)).await;
+        state.verified_at = Some(tokio::time::Instant::now());
+        assert_eq!(state.verify_in(period), Some(Duration::from_secs(200)), "the older of the two decides");
+        tokio::time::advance(period - TRUST_MARGIN - Duration::from_secs(100)).await;
+        assert!(!state.trusts_setup(period), "at most one period");
+        assert!(state.trusts_memory(period));
+        assert_eq!(state.verify_in(Duration::ZERO), None, "trust off");
+    }
+}
