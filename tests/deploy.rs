@@ -46,6 +46,7 @@ const KUSTOMIZATIONS: &[&str] = &[
     "deploy/overlays/shadow",
     "deploy/monitoring",
     "deploy/egress-policy",
+    "deploy/admission-policy",
 ];
 
 /// Server-side applies every object with `dryRun=All`: the apiserver validates, defaults and
@@ -168,11 +169,16 @@ fn install_yaml_is_the_rendered_base() {
 #[test]
 fn namespaced_objects_name_their_namespace() {
     // A namespaced object without a namespace would land wherever `kubectl apply` points.
-    for dir in
-        ["deploy/base", "deploy/overlays/hpa", "deploy/overlays/shadow", "deploy/monitoring", "deploy/egress-policy"]
-    {
+    for dir in KUSTOMIZATIONS.iter().filter(|d| **d != "deploy/crds") {
         for doc in render(dir) {
-            let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"];
+            let cluster_scoped = [
+                "Namespace",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "CustomResourceDefinition",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
+            ];
             if !cluster_scoped.contains(&kind_of(&doc)) {
                 assert!(
                     doc["metadata"]["namespace"].is_string(),
