@@ -129,7 +129,7 @@ pub type Result<T, E = SyncError> = std::result::Result<T, E>;
 /// One cause of an error, for a human: an API error as the answer it was, not kube's
 /// `ApiError: .. (Status { .. })` debug text.
 fn describe(cause: &(dyn std::error::Error + 'static)) -> String {
-    match cause.downcast_ref::<kube::Error>() {
+    match as_kube(cause) {
         Some(kube::Error::Api(status)) if status.reason.is_empty() => {
             format!("the server answered {}: {}", status.code, status.message)
         }
@@ -139,6 +139,12 @@ fn describe(cause: &(dyn std::error::Error + 'static)) -> String {
         Some(kube::Error::Service(inner)) => inner.to_string(),
         _ => cause.to_string(),
     }
+}
+
+/// `cause` as a kube error: the variants hold their cause boxed, and a box is an error type
+/// of its own.
+fn as_kube<'a>(cause: &'a (dyn std::error::Error + 'static)) -> Option<&'a kube::Error> {
+    cause.downcast_ref::<kube::Error>().or_else(|| cause.downcast_ref::<Box<kube::Error>>().map(|b| &**b))
 }
 
 crate::label_enum! {
@@ -293,8 +299,33 @@ impl SyncError {
                 msg.push_str(": ");
                 msg.push_str(&text);
             }
+            // An API error was said in full: its `Status` below it says it again.
+            if matches!(as_kube(c), Some(kube::Error::Api(_))) {
+                break;
+            }
             cause = c.source();
         }
         crate::text::bounded(&msg, MAX_CONDITION_MESSAGE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An API error in the cause chain reads as the answer it was, not as kube's debug text of
+    /// the `Status`, and is said once.
+    #[test]
+    fn a_condition_message_says_what_the_server_answered_once() {
+        let status = kube::core::Status::failure("you may not", "Forbidden").with_code(403);
+        let err = SyncError::ListSkrObjects {
+            kind: CatalogKind::ModuleTemplate,
+            source: Box::new(kube::Error::Api(Box::new(status))),
+        };
+        assert_eq!(
+            err.condition_message(),
+            "failed to list ModuleTemplate objects in the SKR: the server answered 403 Forbidden: you may not"
+        );
+        assert_eq!(err.reason(), ConditionReason::SkrForbidden);
     }
 }

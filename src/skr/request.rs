@@ -225,7 +225,9 @@ impl SkrClient {
             .and_then(|v| v.parse::<u64>().ok());
         let mut body = response.into_body();
         let left = self.budget.left();
-        if code.is_client_error() || code.is_server_error() {
+        // Only a 2xx is an answer; a 1xx or 3xx as the final answer (no apiserver sends one
+        // to these requests) is an error too, so a redirect cannot end a list as if complete.
+        if !code.is_success() {
             let (text, complete) = read_prefix(&mut body, MAX_ERROR_BODY.min(left)).await;
             self.budget.spend(text.len());
             if matches!(complete, Ok(false)) && left < MAX_ERROR_BODY {
@@ -376,6 +378,17 @@ mod tests {
         // One answer over the size limit is too large, whatever the budget.
         let client = answering(200, 2_000, 1_000, 1 << 20);
         assert!(is_too_large(&client.bytes(get()).await.expect_err("too large")));
+    }
+
+    #[tokio::test]
+    async fn only_a_2xx_is_an_answer() {
+        for code in [101, 204, 302, 304, 404, 500] {
+            let result = answering(code, 10, 1_000, 1_000).bytes(get()).await;
+            match code {
+                204 => assert!(result.is_ok(), "{code}: {result:?}"),
+                _ => assert!(matches!(&result, Err(kube::Error::Api(s)) if s.code == code), "{code}: {result:?}"),
+            }
+        }
     }
 
     #[tokio::test]

@@ -251,12 +251,12 @@ impl SkrTarget<'_> {
                 memory.shrink();
                 continue;
             }
-            let observed = match self.list(kind, !warm).await {
+            let observed = match self.list(kind, !warm, Some(desired.of(kind))).await {
                 Ok(o) => o,
                 Err(err) if matches!(&err, SyncError::ListSkrObjects { source, .. } if is_not_found(source)) => {
                     // The CRD vanished since we last looked (an SKR admin deleted it).
                     report.setup_writes += self.ensure_crds(crds).await?;
-                    self.list(kind, true).await?
+                    self.list(kind, true, Some(desired.of(kind))).await?
                 }
                 Err(err) => return Err(err),
             };
@@ -267,7 +267,7 @@ impl SkrTarget<'_> {
             memory.retain_names(observed.iter().map(|o| o.name.as_str()));
             let mut plan = plan(desired.of(kind), &observed, memory);
             if needs_content(&plan, &observed, memory) {
-                let observed = self.list(kind, true).await?;
+                let observed = self.list(kind, true, Some(desired.of(kind))).await?;
                 plan = crate::catalog::plan(desired.of(kind), &observed, memory);
             }
             if let Err(err) = self.execute(kind, &plan, memory, &mut report).await {
@@ -401,7 +401,7 @@ impl SkrTarget<'_> {
         self.check_ownership()?;
         let res = self.bounded(self.client.json_of::<MetaOnly>(request)).await;
         self.metrics.request(SkrVerb::Apply, &res);
-        let expect = Expect { namespace: self.namespace, kind: PARTIAL_OBJECT_METADATA };
+        let expect = Expect::new(self.namespace, PARTIAL_OBJECT_METADATA);
         let applied = res.map_err(wrap)?.applied(&obj.name, expect).map_err(|e| wrap(e.into_kube()))?;
         let managers = || applied.managers.iter().map(String::as_str);
         if after_apply(managers(), None, &obj.digest) == AfterApply::OnlyOurs {
@@ -458,11 +458,11 @@ impl SkrTarget<'_> {
         let mut out = Comparison::default();
         for kind in CatalogKind::ALL {
             let memory = state.memory.entry(kind).or_default();
-            let mut observed = self.list_served(kind, !state.warm).await?;
+            let mut observed = self.list_served(kind, !state.warm, Some(desired.of(kind))).await?;
             memory.retain_names(observed.iter().map(|o| o.name.as_str()));
             let mut planned = plan(desired.of(kind), &observed, memory);
             if !planned.apply.is_empty() && observed.iter().any(|o| o.content.is_none()) {
-                observed = self.list_served(kind, true).await?;
+                observed = self.list_served(kind, true, Some(desired.of(kind))).await?;
                 planned = plan(desired.of(kind), &observed, memory);
             }
             for (name, rv, hash) in &planned.unchanged {
@@ -474,8 +474,13 @@ impl SkrTarget<'_> {
     }
 
     /// [`list`](Self::list), with a kind the SKR does not serve (404) as empty.
-    async fn list_served(&self, kind: CatalogKind, full: bool) -> Result<Vec<Observed>> {
-        match self.list(kind, full).await {
+    async fn list_served(
+        &self,
+        kind: CatalogKind,
+        full: bool,
+        desired: Option<&BTreeMap<String, DesiredObject>>,
+    ) -> Result<Vec<Observed>> {
+        match self.list(kind, full, desired).await {
             Err(SyncError::ListSkrObjects { source, .. }) if is_not_found(&source) => Ok(Vec::new()),
             other => other,
         }
@@ -490,7 +495,7 @@ impl SkrTarget<'_> {
     pub async fn observe(&self) -> Result<BTreeMap<CatalogKind, Vec<Observed>>> {
         let mut out = BTreeMap::new();
         for kind in CatalogKind::ALL {
-            out.insert(kind, self.list_served(kind, true).await?);
+            out.insert(kind, self.list_served(kind, true, None).await?);
         }
         Ok(out)
     }
@@ -499,7 +504,14 @@ impl SkrTarget<'_> {
     /// else their metadata only. Every item is checked as it is decoded
     /// ([`crate::sync::wire`]); a page with more items than asked for, or a `continue` token
     /// that repeats, fails the list as an invalid answer.
-    async fn list(&self, kind: CatalogKind, full: bool) -> Result<Vec<Observed>> {
+    ///
+    /// Of a full list, only the `desired` objects' content is kept (`None`: every object's).
+    async fn list(
+        &self,
+        kind: CatalogKind,
+        full: bool,
+        desired: Option<&BTreeMap<String, DesiredObject>>,
+    ) -> Result<Vec<Observed>> {
         let wrap = |source| SyncError::ListSkrObjects { kind, source: Box::new(source) };
         let invalid = |answer: InvalidAnswer| wrap(answer.into_kube());
         let copies = copies(kind, self.namespace);
@@ -508,9 +520,9 @@ impl SkrTarget<'_> {
         // reads at once (cold starts and shard takeovers sync many SKRs cold at once).
         let _permit = if full { self.full_lists.acquire().await.ok() } else { None };
         let (limit, expect) = if full {
-            (FULL_LIST_PAGE, Expect { namespace: self.namespace, kind: kind.as_str() })
+            (FULL_LIST_PAGE, Expect { content_of: desired, ..Expect::new(self.namespace, kind.as_str()) })
         } else {
-            (METADATA_LIST_PAGE, Expect { namespace: self.namespace, kind: PARTIAL_OBJECT_METADATA })
+            (METADATA_LIST_PAGE, Expect::new(self.namespace, PARTIAL_OBJECT_METADATA))
         };
         let mut listed = Vec::new();
         let mut token: Option<String> = None;

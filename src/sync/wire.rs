@@ -2,9 +2,9 @@
 //! needs, and the checks every kept field passes before it is kept.
 //!
 //! An SKR is customer-controlled, so each field it sends is held to what a real apiserver
-//! sends ([`Limits`]): object names are DNS subdomains of at most 253 bytes, namespaces the
-//! namespace listed, UIDs at most 36 bytes, resourceVersions at most 64 printable bytes,
-//! field managers at most 128 bytes, `continue` tokens at most 4 KiB. A string over its bound
+//! sends (the `MAX_*` constants below): object names are DNS subdomains of at most 253
+//! bytes, namespaces the namespace listed, UIDs at most 36 bytes, resourceVersions at most 64
+//! printable bytes, field managers at most 128 bytes, `continue` tokens at most 4 KiB. A string over its bound
 //! is not even allocated while decoding ([`Capped`]); a violation fails the sync with an
 //! [`InvalidAnswer`] that names the field and never quotes the value.
 
@@ -13,8 +13,10 @@ use serde::de::{Deserializer, Visitor};
 use serde_json::Value;
 
 use crate::api::SKR_FIELD_MANAGER;
-use crate::catalog::Observed;
+use std::collections::BTreeMap;
+
 use crate::catalog::render::CopyDigest;
+use crate::catalog::{DesiredObject, Observed};
 use crate::skr::request::InvalidAnswer;
 
 /// Longest object name: a DNS subdomain.
@@ -179,6 +181,22 @@ pub struct Expect<'a> {
     pub namespace: &'a str,
     /// The `kind` an object may name (or none).
     pub kind: &'a str,
+    /// Of a full list, the objects whose content is kept ([`CopyDigest`]): the desired ones
+    /// (`None`: every object). A plan reads the content of desired objects only, and the
+    /// labels and annotations of the others would otherwise be held until the list ends.
+    pub content_of: Option<&'a BTreeMap<String, DesiredObject>>,
+}
+
+impl Expect<'_> {
+    /// What the executor expects of a single object of `kind` (or of a metadata-only answer,
+    /// `PartialObjectMetadata`) in `namespace`.
+    pub fn new<'a>(namespace: &'a str, kind: &'a str) -> Expect<'a> {
+        Expect { namespace, kind, content_of: None }
+    }
+
+    fn keeps_content(&self, name: &str) -> bool {
+        self.content_of.is_none_or(|desired| desired.contains_key(name))
+    }
 }
 
 /// The kind of a metadata-only object.
@@ -401,11 +419,14 @@ pub fn digest_list(body: &[u8], expect: Expect<'_>) -> Result<Page, PageError> {
             while let Some(item) = seq.next_element::<Value>()? {
                 let kind = Capped::<MAX_KIND>::deserialize(&item["kind"]).map_err(serde::de::Error::custom)?;
                 let meta = LeanMeta::deserialize(&item["metadata"]).map_err(serde::de::Error::custom)?;
-                let content = CopyDigest::of(&item);
-                let checked =
-                    check_kind(&kind, self.0, LISTED.kind).and_then(|()| meta.checked(self.0, &LISTED, Some(content)));
+                let checked = check_kind(&kind, self.0, LISTED.kind).and_then(|()| meta.checked(self.0, &LISTED, None));
                 match checked {
-                    Ok(observed) => out.push(observed),
+                    Ok(mut observed) => {
+                        if self.0.keeps_content(&observed.name) {
+                            observed.content = Some(CopyDigest::of(&item));
+                        }
+                        out.push(observed);
+                    }
                     Err(invalid) => {
                         *self.1.borrow_mut() = Some(invalid);
                         return Err(serde::de::Error::custom("an invalid item"));

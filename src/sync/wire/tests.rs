@@ -5,7 +5,7 @@ use super::*;
 const NS: &str = "kyma-system";
 
 fn listed() -> Expect<'static> {
-    Expect { namespace: NS, kind: PARTIAL_OBJECT_METADATA }
+    Expect::new(NS, PARTIAL_OBJECT_METADATA)
 }
 
 fn item(name: &str, rv: &str, managers: &[&str]) -> Value {
@@ -55,7 +55,7 @@ fn lists_keep_the_uid() {
     let page = metadata_page(vec![copy.clone()]).expect("valid");
     assert_eq!(page.items[0].uid, "0a1b-uid");
     copy["kind"] = json!("ModuleTemplate");
-    let full = Expect { namespace: NS, kind: "ModuleTemplate" };
+    let full = Expect::new(NS, "ModuleTemplate");
     let page = digest_list(json!({"items": [copy]}).to_string().as_bytes(), full).expect("parses");
     assert_eq!(page.items[0].uid, "0a1b-uid");
 }
@@ -66,7 +66,7 @@ fn full_lists_digest_each_item_with_its_metadata() {
     copy["kind"] = json!("ModuleTemplate");
     copy["spec"] = json!({"descriptor": {"big": "x"}});
     let text = json!({"metadata": {"continue": "next-page"}, "items": [copy.clone()]}).to_string();
-    let page = digest_list(text.as_bytes(), Expect { namespace: NS, kind: "ModuleTemplate" }).expect("parses");
+    let page = digest_list(text.as_bytes(), Expect::new(NS, "ModuleTemplate")).expect("parses");
     assert_eq!(page.next.as_deref(), Some("next-page"));
     let got = page.items;
     assert_eq!(got.len(), 1);
@@ -122,14 +122,14 @@ fn continue_tokens_are_bounded() {
     assert_eq!(page(json!("")).expect("valid").next, None);
     assert_eq!(page(json!("a".repeat(5000))).expect_err("too long").field, "metadata.continue");
     assert_eq!(page(json!("a\nb")).expect_err("a newline").field, "metadata.continue");
-    let full = Expect { namespace: NS, kind: "ModuleTemplate" };
+    let full = Expect::new(NS, "ModuleTemplate");
     let text = json!({"metadata": {"continue": "a".repeat(5000)}, "items": []}).to_string();
     assert!(matches!(digest_list(text.as_bytes(), full), Err(PageError::Invalid(e)) if e.field == "metadata.continue"));
 }
 
 #[test]
 fn an_invalid_item_of_a_full_page_ends_the_page() {
-    let full = Expect { namespace: NS, kind: "ModuleTemplate" };
+    let full = Expect::new(NS, "ModuleTemplate");
     let good = json!({"kind": "ModuleTemplate", "metadata": {"name": "a", "resourceVersion": "1"}});
     let bad = json!({"kind": "ModuleTemplate", "metadata": {"name": "b".repeat(7 << 20)}});
     let text = json!({"items": [good, bad]}).to_string();
@@ -164,4 +164,26 @@ fn dns_subdomains() {
     for bad in ["", "-a", "a-", ".a", "A", "a_b", "a b", "ä", &"a".repeat(254)] {
         assert!(!is_dns_subdomain(bad), "{bad}");
     }
+}
+
+/// Of a full list, only the desired objects' content is kept: the labels and annotations of
+/// the others are not held until the list ends.
+#[test]
+fn a_full_list_keeps_the_content_of_desired_objects_only() {
+    let kcp = crate::fixtures::MtBuilder::new("keda", "1.0.0").build();
+    let copy = crate::catalog::render::render_copy(&kcp, crate::catalog::CatalogKind::ModuleTemplate, NS);
+    let (body, hash) = crate::catalog::serialize_copy(&copy);
+    let digest = std::sync::Arc::new(CopyDigest::of(&copy));
+    let desired: BTreeMap<String, DesiredObject> =
+        [("keda-1.0.0".to_owned(), DesiredObject { name: "keda-1.0.0".to_owned(), digest, body, hash })].into();
+    let big =
+        json!({"kind": "ModuleTemplate", "metadata": {"name": "someone-else", "annotations": {"a": "x".repeat(1000)}}});
+    let mut ours = copy.clone();
+    ours["kind"] = json!("ModuleTemplate");
+    ours["metadata"]["name"] = json!("keda-1.0.0");
+    let text = json!({"items": [ours, big]}).to_string();
+    let expect = Expect { content_of: Some(&desired), ..Expect::new(NS, "ModuleTemplate") };
+    let page = digest_list(text.as_bytes(), expect).expect("parses");
+    let content: Vec<(&str, bool)> = page.items.iter().map(|o| (o.name.as_str(), o.content.is_some())).collect();
+    assert_eq!(content, [("keda-1.0.0", true), ("someone-else", false)]);
 }

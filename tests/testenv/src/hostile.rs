@@ -81,7 +81,7 @@ pub const TRICKLE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A connection that has not finished its TLS handshake by then is closed, so a client
 /// that connects and sends nothing does not hold a task until the server is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The user entry of [`HostileSkr::kubeconfig_with_token`].
 const KUBECONFIG_USER: &str = "hostile";
@@ -347,7 +347,9 @@ impl std::fmt::Debug for HostileSkr {
     }
 }
 
-fn tls_acceptor(serving: &CertKey) -> Result<TlsAcceptor> {
+/// A TLS acceptor serving `serving`, offering HTTP/1.1 only (ALPN), with no client
+/// authentication. Shared with [`SkrFront`](super::front::SkrFront).
+pub(crate) fn tls_acceptor(serving: &CertKey) -> Result<TlsAcceptor> {
     let cert =
         CertificateDer::from_pem_slice(serving.cert_pem.as_bytes()).context("failed to parse the certificate")?;
     let key = PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes()).context("failed to parse the key")?;
@@ -494,11 +496,11 @@ fn item_head(index: usize) -> String {
 }
 
 /// `x`s, sliced for padding without allocating.
-static PADDING: [u8; CHUNK] = [b'x'; CHUNK];
+pub(crate) static PADDING: [u8; CHUNK] = [b'x'; CHUNK];
 
 /// `len` bytes of `block` repeated, in pieces of at most `block.len()` bytes. The last piece is
 /// a prefix of `block`.
-fn repeat_block(block: Bytes, len: usize) -> impl Iterator<Item = Bytes> + Send + 'static {
+pub(crate) fn repeat_block(block: Bytes, len: usize) -> impl Iterator<Item = Bytes> + Send + 'static {
     let step = block.len().max(1);
     (0..len).step_by(step).map(move |offset| block.slice(..step.min(len - offset)))
 }
@@ -563,11 +565,12 @@ fn trickle() -> impl Stream<Item = Bytes> + Send + 'static {
 
 /// One unit of the [`Behaviour::HugeErrorBody`] message between the markers, as JSON
 /// escapes: a red "hostile", a reset, a bell, a newline, a carriage return and a tab.
-const CONTROL_UNIT: &str = r"\u001b[31mhostile\u001b[0m\u0007\n\r\t";
+pub(crate) const CONTROL_UNIT: &str = r"\u001b[31mhostile\u001b[0m\u0007\n\r\t";
 
 /// [`CONTROL_UNIT`] repeated to about [`CHUNK`] bytes, a whole number of times, so slices of
 /// whole units of it never split an escape.
-static CONTROL_BLOCK: LazyLock<Bytes> = LazyLock::new(|| Bytes::from(CONTROL_UNIT.repeat(CHUNK / CONTROL_UNIT.len())));
+pub(crate) static CONTROL_BLOCK: LazyLock<Bytes> =
+    LazyLock::new(|| Bytes::from(CONTROL_UNIT.repeat(CHUNK / CONTROL_UNIT.len())));
 
 /// How a [`Behaviour::HugeErrorBody`] body of a given size is laid out:
 /// `head MARKER fill MARKER fill MARKER tail`.

@@ -1,8 +1,8 @@
 //! catalogsync's test environment: real kube-apiserver and etcd processes and a KCP and SKRs for
 //! end-to-end tests (kube-apiserver and etcd built by `hack/k8s-bins.sh`; see "Prerequisites" in
-//! README.md), the catalogsync binary as a child process, hostile SKRs, a kubelet node,
-//! the invariant checker, a Prometheus server, and the catalog fixtures (re-exported from
-//! `catalogsync::fixtures`).
+//! README.md), the catalogsync binary as a child process, hostile SKRs (fixed ones and a seeded
+//! fuzzer's), forwarding SKR fronts, a kubelet node, the invariant checker, a Prometheus
+//! server, and the catalog fixtures (re-exported from `catalogsync::fixtures`).
 //! The integration tests under `tests/`, the benches, `hack/local-up` and the fleet harness
 //! (`hack/fleet`) all use it.
 //!
@@ -34,6 +34,8 @@ pub mod controlplane;
 pub mod docs;
 pub mod etcd;
 pub mod fleet;
+pub mod front;
+pub mod fuzz;
 pub mod hostile;
 pub mod http;
 pub mod invariants;
