@@ -42,18 +42,12 @@ fn loopback(last: u8) -> IpAddr {
 
 /// Peak RSS of the scenario's catalogsync, in MiB.
 fn peak_rss_mib(s: &Scenario) -> u64 {
-    let pid = s.catalogsync.as_ref().expect("catalogsync runs").pid();
-    let (_, hwm_kib) = testenv::process::rss_kib(pid).expect("read /proc status");
-    hwm_kib / 1024
+    s.peak_rss_mib()
 }
 
 /// The log lines of the scenario's catalogsync longer than [`LOG_LINE_BOUND`].
 fn long_log_lines(s: &Scenario) -> Vec<String> {
-    s.log()
-        .lines()
-        .filter(|l| l.len() > LOG_LINE_BOUND)
-        .map(|l| format!("{} bytes: {}...", l.len(), l.chars().take(200).collect::<String>()))
-        .collect()
+    s.long_log_lines(LOG_LINE_BOUND)
 }
 
 /// A kubeconfig for `server` (trusting `ca_pem`) whose user has `user_fields` (lines

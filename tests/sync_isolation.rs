@@ -502,16 +502,7 @@ async fn a_gone_or_ambiguous_access_secret_leaves_no_credentials_behind() {
 
     let status = s.catalogsync.as_mut().expect("running").terminate(Duration::from_secs(30)).await.expect("stop");
     assert!(status.success(), "catalogsync exited with {status}");
-    let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(s.kcp.clone(), &s.ns);
-    let records: String = config_maps
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items
-        .into_iter()
-        .filter(|cm| cm.metadata.name.as_deref().is_some_and(|n| n.ends_with("-memory")))
-        .flat_map(|cm| cm.data.unwrap_or_default().into_values())
-        .collect();
+    let records = s.shard_records_text().await.expect("the shard records");
     assert!(records.contains("\"kept\""), "the healthy Kyma's SKR is kept: {records}");
     for kyma in ["gone", "doubled"] {
         assert!(!records.contains(&format!("\"{kyma}\"")), "{kyma} is still in a shard record: {records}");

@@ -372,6 +372,42 @@ impl Scenario {
         self.catalogsync.as_ref().map(Catalogsync::log).unwrap_or_default()
     }
 
+    /// The controller's log lines longer than `bound` bytes, each cut to its first 200
+    /// characters behind its length.
+    pub fn long_log_lines(&self, bound: usize) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|l| l.len() > bound)
+            .map(|l| format!("{} bytes: {}...", l.len(), l.chars().take(200).collect::<String>()))
+            .collect()
+    }
+
+    /// Peak RSS (VmHWM) of the running controller, in MiB.
+    ///
+    /// # Panics
+    /// When no controller runs or its `/proc` status cannot be read.
+    pub fn peak_rss_mib(&self) -> u64 {
+        let pid = self.catalogsync.as_ref().expect("catalogsync runs").pid();
+        let (_, hwm_kib) = super::process::rss_kib(pid).expect("read /proc status");
+        hwm_kib / 1024
+    }
+
+    /// The text of every shard record (the `catalogsync-shard-<n>-memory` ConfigMaps of the
+    /// scenario's namespace, its lease namespace), concatenated.
+    ///
+    /// # Errors
+    /// Fails when the ConfigMaps cannot be listed.
+    pub async fn shard_records_text(&self) -> Result<String> {
+        let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(self.kcp.clone(), &self.ns);
+        let list = config_maps.list(&ListParams::default()).await.context("failed to list the shard records")?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|cm| cm.metadata.name.as_deref().is_some_and(|n| n.ends_with("-memory")))
+            .flat_map(|cm| cm.data.unwrap_or_default().into_values())
+            .collect())
+    }
+
     /// Sum of the values of a metric's series whose labels contain all of `labels`
     /// (`key="value"` fragments).
     pub async fn metric(&self, name: &str, labels: &[&str]) -> f64 {
