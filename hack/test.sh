@@ -149,7 +149,14 @@ run_tests() {
   # --no-fail-fast: a failing test binary must not hide the results of the others.
   cargo test --locked --workspace --no-fail-fast 2>&1 | tee "$test_log"
 }
+# The hostile-SKR fuzzer's figures: tests/hostile_fuzz.rs writes them here, as a passing
+# test's own output is not shown.
+fuzz_summary="${CARGO_TARGET_DIR:-target}/tmp/hostile-fuzz-summary.txt"
+rm -f "$fuzz_summary"
 step "cargo test" run_tests
+if [[ -f "$fuzz_summary" ]]; then
+  cat "$fuzz_summary"
+fi
 # Sum the `test result: ok. X passed; Y failed; ...` lines of every test binary.
 read -r passed failed < <(
   sed -nE 's/^test result: [A-Za-z]+\. ([0-9]+) passed; ([0-9]+) failed;.*/\1 \2/p' "$test_log" |

@@ -71,6 +71,9 @@ const HANG: Duration = Duration::from_secs(30);
 /// timeout, a local server answers at once.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Where the summary line of the last run is written, under the target's test directory.
+const SUMMARY_FILE: &str = "hostile-fuzz-summary.txt";
+
 /// Cases synced at once: most of a case's time is spent waiting for timeouts, so far more
 /// cases than cores fit (on two cores, 32 at once keep about one core busy and syncs end
 /// within a few hundred milliseconds of their timeout); many more would make the cores the
@@ -776,7 +779,7 @@ async fn hostile_skrs_fail_within_bounds_while_a_healthy_one_keeps_syncing() {
     }
     let (worst_time, worst_case) = worst.unwrap_or_default();
     let results_line: Vec<String> = results.iter().map(|(label, n)| format!("{label} {n}")).collect();
-    eprintln!(
+    let summary = format!(
         "hostile fuzz summary: {} cases (seed {}) in {:.0}s (fuzz {:.0}s); worst RSS {rss} MiB (bound {RSS_BOUND_MIB}); \
          worst sync {:.2}s (case {worst_case}); results: {}; healthy syncs {} (worst {:.2}s, {} failed); \
          log lines {} (longest {} bytes); failing cases {}{}",
@@ -794,6 +797,13 @@ async fn hostile_skrs_fail_within_bounds_while_a_healthy_one_keeps_syncing() {
         failed.len(),
         if failed_kinds.is_empty() { String::new() } else { format!(" (by kind: {failed_kinds:?})") },
     );
+    eprintln!("{summary}");
+    // The test runner shows a passing test's output only on request: `hack/test.sh` prints
+    // this file after the tests, so every run's figures are in its output.
+    let summary_file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(SUMMARY_FILE);
+    if let Err(error) = std::fs::write(&summary_file, format!("{summary}\n")) {
+        eprintln!("failed to write {}: {error}", summary_file.display());
+    }
 
     let mut violations = Vec::new();
     if !failed.is_empty() {
