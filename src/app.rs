@@ -551,7 +551,8 @@ impl SkrAccessFlags {
             self.destinations,
             kcp_addrs,
             insecure_tls,
-            (self.max_response, self.sync_budget),
+            self.max_response,
+            self.sync_budget,
         )
     }
 }

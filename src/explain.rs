@@ -231,7 +231,8 @@ pub async fn run(args: &ExplainArgs) -> Result<Report, ExplainError> {
             args.skr_access.skr_allowed_destinations.clone(),
             kcp_addrs,
             if args.skr_access.allow_insecure_skr_tls { InsecureTls::Allow } else { InsecureTls::Refuse },
-            (args.skr_access.skr_max_response_size, args.skr_access.skr_sync_budget),
+            args.skr_access.skr_max_response_size,
+            args.skr_access.skr_sync_budget,
         );
         report.skr = Some(read_skr(&kcp, args, settings, &report.explanation).await);
     }

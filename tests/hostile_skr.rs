@@ -69,16 +69,6 @@ fn loopback(last: u8) -> IpAddr {
     IpAddr::from([127, 0, 0, last])
 }
 
-/// Peak RSS of the scenario's catalogsync, in MiB.
-fn peak_rss_mib(s: &Scenario) -> u64 {
-    s.peak_rss_mib()
-}
-
-/// The log lines of the scenario's catalogsync longer than [`LOG_LINE_BOUND`].
-fn long_log_lines(s: &Scenario) -> Vec<String> {
-    s.long_log_lines(LOG_LINE_BOUND)
-}
-
 /// Starts a front before `skr` that lets `attack` decide about each request.
 fn front(
     last: u8,
@@ -114,7 +104,7 @@ async fn await_failure(s: &Scenario, kyma: &str, reasons: &[&str], timeout: Dura
                 "timed out after {}s waiting for kyma {kyma} ModuleCatalog=False with a reason in {reasons:?}; \
                  last condition: {last}; peak RSS of the replica {} MiB",
                 timeout.as_secs(),
-                peak_rss_mib(s)
+                s.peak_rss_mib()
             );
         }
         tokio::time::sleep(testenv::wait::POLL_INTERVAL).await;
@@ -147,10 +137,10 @@ async fn await_count(what: &str, count: impl Fn() -> usize, at_least: usize) {
 /// The checks every test ends with: peak RSS under the bound, short log lines, a replica
 /// still running.
 fn assert_bounded(s: &mut Scenario, what: &str) {
-    let rss = peak_rss_mib(s);
+    let rss = s.peak_rss_mib();
     eprintln!("{what}: peak RSS of the replica {rss} MiB");
     assert!(rss < RSS_BOUND_MIB, "{what}: peak RSS {rss} MiB (bound {RSS_BOUND_MIB} MiB)");
-    let long = long_log_lines(s);
+    let long = s.long_log_lines(LOG_LINE_BOUND);
     assert!(long.is_empty(), "{what}: log lines over {LOG_LINE_BOUND} bytes: {long:?}");
     assert!(s.catalogsync_running(), "{what}: catalogsync exited");
 }
@@ -296,10 +286,6 @@ const LONG_RV: usize = MIB;
 /// Its filler.
 const RV_FILLER: char = '9';
 
-/// Bytes the replica may report remembering of one SKR (when it exports a figure): the names,
-/// versions and hashes of a catalog of four objects, nothing near a [`LONG_RV`].
-const REMEMBERED_BOUND: f64 = 64.0 * 1024.0;
-
 /// Sets `metadata.resourceVersion` of `object` to a [`LONG_RV`] string.
 fn lengthen_rv(object: &mut Value) {
     if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -313,49 +299,6 @@ fn is_catalog_list(head: &RequestHead) -> bool {
 
 fn is_catalog_apply(head: &RequestHead) -> bool {
     head.is_apply_to(MT) || head.is_apply_to(MRM)
-}
-
-/// The largest figure the replica exports for bytes it remembers of an SKR: a metric or a
-/// `/debug/shards` field whose name has `remembered` and `bytes` in it (`None` if it exports
-/// none).
-async fn remembered_bytes(s: &Scenario) -> Option<(String, f64)> {
-    fn walk(value: &Value, path: &str, best: &mut Option<(String, f64)>) {
-        match value {
-            Value::Object(map) => {
-                for (key, v) in map {
-                    let path = format!("{path}.{key}");
-                    let lower = key.to_lowercase();
-                    if let Some(n) = v.as_f64().filter(|_| lower.contains("remembered") && lower.contains("bytes"))
-                        && best.as_ref().is_none_or(|(_, b)| n > *b)
-                    {
-                        *best = Some((path.clone(), n));
-                    }
-                    walk(v, &path, best);
-                }
-            }
-            Value::Array(items) => items.iter().enumerate().for_each(|(i, v)| walk(v, &format!("{path}[{i}]"), best)),
-            _ => {}
-        }
-    }
-    let mut best: Option<(String, f64)> = None;
-    if let Ok((_, metrics)) = s.http_get("/metrics").await {
-        for line in metrics.lines().filter(|l| !l.starts_with('#')) {
-            let (series, value) = line.rsplit_once(' ').unwrap_or((line, ""));
-            let name = series.split('{').next().unwrap_or_default();
-            if name.contains("remembered") && name.contains("bytes") {
-                let value: f64 = value.parse().unwrap_or(0.0);
-                if best.as_ref().is_none_or(|(_, b)| value > *b) {
-                    best = Some((series.to_owned(), value));
-                }
-            }
-        }
-    }
-    if let Ok((_, shards)) = s.http_get("/debug/shards").await
-        && let Ok(shards) = serde_json::from_str::<Value>(&shards)
-    {
-        walk(&shards, "debug/shards", &mut best);
-    }
-    best
 }
 
 /// A `resourceVersion` of 1 MiB: in every item of the catalog lists of one SKR, and in the
@@ -419,13 +362,6 @@ async fn long_resource_versions_are_refused_and_nothing_is_kept() {
         assert_quotes_nothing(kyma, &cond.message, RV_FILLER);
     }
 
-    match remembered_bytes(&s).await {
-        Some((series, bytes)) => {
-            eprintln!("the replica remembers at most {bytes} bytes of an SKR ({series})");
-            assert!(bytes <= REMEMBERED_BOUND, "{series} = {bytes} (bound {REMEMBERED_BOUND})");
-        }
-        None => eprintln!("the replica exports no figure for bytes remembered per SKR: checked its RSS only"),
-    }
     assert_bounded(&mut s, "long resourceVersions");
     let quoted = RV_FILLER.to_string().repeat(QUOTED_RUN);
     assert!(!s.log().contains(&quoted), "the log quotes a long resourceVersion");
@@ -567,7 +503,7 @@ async fn shadow_attack(format: &str, first_address: u8) {
     );
     let forged_lines_seen = forged_lines(&log);
     assert!(forged_lines_seen.is_empty(), "{what}: forged log lines: {forged_lines_seen:?}");
-    let long = long_log_lines(&s);
+    let long = s.long_log_lines(LOG_LINE_BOUND);
     assert!(long.is_empty(), "{what}: log lines over {LOG_LINE_BOUND} bytes: {long:?}");
     let count = EXTRAS.to_string();
     let reported =

@@ -40,16 +40,6 @@ fn loopback(last: u8) -> IpAddr {
     IpAddr::from([127, 0, 0, last])
 }
 
-/// Peak RSS of the scenario's catalogsync, in MiB.
-fn peak_rss_mib(s: &Scenario) -> u64 {
-    s.peak_rss_mib()
-}
-
-/// The log lines of the scenario's catalogsync longer than [`LOG_LINE_BOUND`].
-fn long_log_lines(s: &Scenario) -> Vec<String> {
-    s.long_log_lines(LOG_LINE_BOUND)
-}
-
 /// A kubeconfig for `server` (trusting `ca_pem`) whose user has `user_fields` (lines
 /// indented by four spaces).
 fn kubeconfig(server: &str, ca_pem: &str, user_fields: &str) -> String {
@@ -167,10 +157,11 @@ async fn refused_kubeconfigs_reach_nothing_and_fail_alone() {
         .filter(|e| e.user.username.is_empty() || e.user.username == "system:anonymous")
         .count();
     assert_eq!(kcp_requests, 0, "someone reached the KCP without credentials");
-    let rss = peak_rss_mib(&s);
+    let rss = s.peak_rss_mib();
     eprintln!("peak RSS of the replica with {} refused kubeconfigs: {rss} MiB", cases.len());
     assert!(rss < RSS_BOUND_MIB, "peak RSS {rss} MiB (bound {RSS_BOUND_MIB} MiB)");
-    assert!(long_log_lines(&s).is_empty(), "log lines over {LOG_LINE_BOUND} bytes: {:?}", long_log_lines(&s));
+    let long = s.long_log_lines(LOG_LINE_BOUND);
+    assert!(long.is_empty(), "log lines over {LOG_LINE_BOUND} bytes: {long:?}");
     assert!(!s.log().contains("file-token-7a3f9e"), "the file's token is in the log");
 
     // The healthy Kyma still gets catalog changes.
@@ -224,7 +215,8 @@ async fn a_broken_kubeconfig_leaks_its_token_nowhere() {
         assert!(!text.contains(TOKEN), "the token is in the {place}");
         assert!(!text.contains(&TOKEN[..10]), "part of the token is in the {place}");
     }
-    assert!(long_log_lines(&s).is_empty(), "log lines over {LOG_LINE_BOUND} bytes: {:?}", long_log_lines(&s));
+    let long = s.long_log_lines(LOG_LINE_BOUND);
+    assert!(long.is_empty(), "log lines over {LOG_LINE_BOUND} bytes: {long:?}");
 }
 
 /// Hostile SKRs of our own: a list far over the limit (with and without a Content-Length),
@@ -291,10 +283,11 @@ async fn hostile_skrs_fail_alone_within_bounds() {
     eprintln!("a catalog change reached the healthy SKR in {:.1}s", change.elapsed().as_secs_f64());
     tokio::time::sleep(retries_until.saturating_duration_since(Instant::now())).await;
 
-    let rss = peak_rss_mib(&s);
+    let rss = s.peak_rss_mib();
     eprintln!("peak RSS of the replica against the hostile SKRs: {rss} MiB");
     assert!(rss < RSS_BOUND_MIB, "peak RSS {rss} MiB (bound {RSS_BOUND_MIB} MiB)");
-    assert!(long_log_lines(&s).is_empty(), "log lines over {LOG_LINE_BOUND} bytes: {:?}", long_log_lines(&s));
+    let long = s.long_log_lines(LOG_LINE_BOUND);
+    assert!(long.is_empty(), "log lines over {LOG_LINE_BOUND} bytes: {long:?}");
     assert!(s.catalogsync_running(), "catalogsync exited");
     let errors = s.metric("catalogsync_sync_errors_total", &["reason=\"SkrResponseTooLarge\""]).await;
     assert!(errors >= 3.0, "SkrResponseTooLarge counted {errors} times");

@@ -68,7 +68,8 @@ impl AccessSettings {
         rules: Vec<Rule>,
         kcp_addrs: Vec<SocketAddr>,
         insecure_tls: InsecureTls,
-        (max_response, sync_budget): (usize, usize),
+        max_response: usize,
+        sync_budget: usize,
     ) -> Self {
         Self {
             user_agent,

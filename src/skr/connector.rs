@@ -40,9 +40,8 @@ pub struct SkrState {
 /// from metadata-only lists, that the SKR still holds exactly what it held then.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recalled {
-    /// Hash of the CRDs last ensured in the SKR.
-    pub crd_hash: Option<u64>,
-    /// [`KindMemory::digest`] per kind.
+    /// [`KindMemory::digest`] per kind. (The namespace and the CRDs are checked by the first
+    /// sync after a recall whatever a record says, so a record keeps nothing of them.)
     pub kinds: BTreeMap<CatalogKind, u128>,
 }
 
@@ -77,10 +76,8 @@ impl SkrState {
     /// What to keep of this state across a restart: `None` unless the last sync succeeded
     /// (a cold state is verified in full anyway).
     pub fn remembered(&self) -> Option<Recalled> {
-        self.warm.then(|| Recalled {
-            crd_hash: self.crd_hash,
-            kinds: self.memory.iter().map(|(kind, memory)| (*kind, memory.digest())).collect(),
-        })
+        self.warm
+            .then(|| Recalled { kinds: self.memory.iter().map(|(kind, memory)| (*kind, memory.digest())).collect() })
     }
 }
 

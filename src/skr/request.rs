@@ -85,7 +85,7 @@ pub fn is_invalid_answer(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Service(e) if e.is::<InvalidAnswer>())
 }
 
-/// Whether `err` is, or is caused by, a sync over its byte budget.
+/// Whether `err` is a sync over its byte budget ([`BudgetExceeded`]).
 pub fn is_over_budget(err: &kube::Error) -> bool {
     match err {
         kube::Error::Service(e) => e.is::<BudgetExceeded>(),

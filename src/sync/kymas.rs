@@ -497,7 +497,7 @@ mod tests {
         let book = records();
         let kept = |secret: &str| Kept {
             secret_version: secret.to_owned(),
-            state: crate::skr::Recalled { crd_hash: Some(1), kinds: [(CatalogKind::ModuleTemplate, 7)].into() },
+            state: crate::skr::Recalled { kinds: [(CatalogKind::ModuleTemplate, 7)].into() },
         };
         book.recall([("a".to_owned(), kept("s/1")), ("b".to_owned(), kept("s/2"))]);
         // Progress comes and goes without touching it.

@@ -63,8 +63,6 @@ struct Record {
 #[derive(Debug, Serialize, Deserialize)]
 struct StoredSkr {
     secret: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    crds: Option<String>,
     /// Per kind name: the memory digest as hex.
     kinds: BTreeMap<String, String>,
 }
@@ -78,7 +76,6 @@ fn encode(kept: &BTreeMap<String, Kept>) -> (String, usize) {
     for (kyma, kept) in kept {
         let stored = StoredSkr {
             secret: kept.secret_version.clone(),
-            crds: kept.state.crd_hash.map(|h| format!("{h:016x}")),
             kinds: kept.state.kinds.iter().map(|(kind, d)| (kind.as_str().to_owned(), format!("{d:032x}"))).collect(),
         };
         let entry = kyma.len() + serde_json::to_string(&stored).map_or(0, |s| s.len()) + 8;
@@ -104,16 +101,12 @@ fn decode(text: &str) -> Result<BTreeMap<String, Kept>, String> {
         .skrs
         .into_iter()
         .filter_map(|(kyma, stored)| {
-            let crd_hash = match stored.crds {
-                Some(hex) => Some(u64::from_str_radix(&hex, 16).ok()?),
-                None => None,
-            };
             let kinds = stored
                 .kinds
                 .iter()
                 .map(|(name, hex)| Some((kind(name)?, u128::from_str_radix(hex, 16).ok()?)))
                 .collect::<Option<BTreeMap<_, _>>>()?;
-            Some((kyma, Kept { secret_version: stored.secret, state: Recalled { crd_hash, kinds } }))
+            Some((kyma, Kept { secret_version: stored.secret, state: Recalled { kinds } }))
         })
         .collect())
 }
@@ -208,18 +201,15 @@ impl ShardMemory {
 mod tests {
     use super::*;
 
-    fn kept(secret: &str, crds: Option<u64>, digests: [u128; 2]) -> Kept {
+    fn kept(secret: &str, digests: [u128; 2]) -> Kept {
         let kinds = CatalogKind::ALL.into_iter().zip(digests).collect();
-        Kept { secret_version: secret.into(), state: Recalled { crd_hash: crds, kinds } }
+        Kept { secret_version: secret.into(), state: Recalled { kinds } }
     }
 
     #[test]
     fn a_record_reads_back_what_was_written() {
-        let all: BTreeMap<String, Kept> = [
-            ("a".to_owned(), kept("uid-a/17", Some(u64::MAX), [u128::MAX, 0])),
-            ("b".to_owned(), kept("uid-b/3", None, [1, 2])),
-        ]
-        .into();
+        let all: BTreeMap<String, Kept> =
+            [("a".to_owned(), kept("uid-a/17", [u128::MAX, 0])), ("b".to_owned(), kept("uid-b/3", [1, 2]))].into();
         let (text, left_out) = encode(&all);
         assert_eq!(left_out, 0);
         assert_eq!(decode(&text).expect("decodes"), all);
@@ -228,7 +218,7 @@ mod tests {
     #[test]
     fn a_full_record_leaves_out_what_does_not_fit() {
         let all: BTreeMap<String, Kept> =
-            (0..10_000).map(|i| (format!("kyma-{i:05}"), kept(&format!("{i}/{i}"), Some(7), [1, 2]))).collect();
+            (0..10_000).map(|i| (format!("kyma-{i:05}"), kept(&format!("{i}/{i}"), [1, 2]))).collect();
         let (text, left_out) = encode(&all);
         assert!(text.len() <= MAX_RECORD_BYTES, "{}", text.len());
         assert!(left_out > 0);
@@ -242,10 +232,9 @@ mod tests {
         let text = r#"{"format":1,"skrs":{
             "bad-hex":{"secret":"s","kinds":{"ModuleTemplate":"zz"}},
             "bad-kind":{"secret":"s","kinds":{"Secret":"01"}},
-            "bad-crds":{"secret":"s","crds":"-","kinds":{}},
             "good":{"secret":"s","crds":"0a","kinds":{"ModuleTemplate":"01","ModuleReleaseMeta":"02"}}}}"#;
         let kept = decode(text).expect("decodes");
-        assert_eq!(kept.keys().collect::<Vec<_>>(), ["good"]);
-        assert_eq!(kept["good"].state.crd_hash, Some(10));
+        assert_eq!(kept.keys().collect::<Vec<_>>(), ["good"], "a record of an older release (crds) still reads");
+        assert_eq!(kept["good"].state.kinds[&CatalogKind::ModuleReleaseMeta], 2);
     }
 }

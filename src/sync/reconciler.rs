@@ -439,7 +439,7 @@ pub fn error_policy(kyma: Arc<Kyma>, err: &SyncError, ctx: Arc<Context>) -> Acti
 
 /// The delay before the next reconcile after a failure: the backoff, but no later than the
 /// end of the trust in the SKR's memory (`verify_in`), when the SKR is verified.
-pub fn retry_delay(backoff: Duration, verify_in: Option<Duration>) -> Duration {
+fn retry_delay(backoff: Duration, verify_in: Option<Duration>) -> Duration {
     verify_in.map_or(backoff, |due| backoff.min(due))
 }
 
