@@ -64,11 +64,12 @@ pub enum AppError {
 /// Returns an [`AppError`] when start-up fails or an essential task dies.
 pub async fn run(args: RunArgs) -> Result<(), AppError> {
     args.validate().map_err(AppError::Config)?;
+    // First, so a stop during start-up is a graceful one too.
+    let shutdown = CancellationToken::new();
+    tokio::spawn(signal_handler(shutdown.clone()));
     let config = kube::Config::infer().await.map_err(|e| AppError::KcpClient(kube::Error::InferConfig(e)))?;
     let kcp_addrs = kcp_addresses(&config.cluster_url).await;
     let kcp = Client::try_from(config).map_err(AppError::KcpClient)?;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(signal_handler(shutdown.clone()));
     run_with(kcp, kcp_addrs, args, shutdown).await
 }
 

@@ -782,3 +782,48 @@ async fn an_unreadable_record_costs_a_full_verification_and_nothing_else() {
     s.await_skr_names(skr, MT, &["keda-1.0.0", "keda-1.1.0"], PROMPT).await;
     s.await_skr_names(skr, MRM, &["keda"], PROMPT).await;
 }
+
+/// A replica stopped right after its start (before, or just after, its Kyma cache filled)
+/// leaves the shard records as good as it found them: it takes no shard before the cache is
+/// filled, and a record is only ever replaced by one that knows at least as much of the
+/// shard's SKRs (`sync::recall`), so the next start still verifies from the record.
+#[tokio::test]
+async fn a_replica_stopped_at_once_leaves_the_shard_records_as_good_as_it_found_them() {
+    let env = testenv::env();
+    let skr = &env.skr_a;
+    let mut s = Scenario::new("record-kept").await.expect("scenario");
+    s.apply_catalog(&keda_on_two_channels()).await.expect("catalog");
+    s.add_kyma("k", skr, &[]).await.expect("kyma");
+    s.start(&["--resync-period", "1h"]).expect("start");
+    s.await_condition("k", "True", "CatalogSynced", PROMPT).await;
+    s.await_skr_names(skr, MT, &["keda-1.0.0", "keda-1.1.0"], PROMPT).await;
+    let stop = async |s: &mut Scenario| {
+        let status = s.catalogsync.as_mut().expect("running").terminate(Duration::from_secs(30)).await.expect("stop");
+        assert!(status.success(), "catalogsync exited with {status}");
+    };
+    stop(&mut s).await;
+    let good = s.shard_records_text().await.expect("the shard records");
+    assert!(good.contains("\"k\""), "k kept: {good}");
+
+    // Started and stopped as soon as it answers on its HTTP port, three times over.
+    for _ in 0..3 {
+        s.start(&["--resync-period", "1h"]).expect("restart");
+        testenv::await_condition(PROMPT, "catalogsync to answer /healthz", || async {
+            s.http_get("/healthz").await.is_ok()
+        })
+        .await;
+        stop(&mut s).await;
+        let records = s.shard_records_text().await.expect("the shard records");
+        assert!(records.contains("\"k\""), "a start stopped at once lost k's entry: {records}");
+    }
+
+    // The next start verifies k's SKR from the record: metadata-only lists, no full list.
+    let mark = skr.read_audit_events().len();
+    s.start(&["--resync-period", "1h"]).expect("restart");
+    testenv::await_condition(PROMPT, "k synced after the restart", || async {
+        s.metric("catalogsync_sync_runs_total", &["result=\"success\""]).await >= 1.0
+    })
+    .await;
+    let lists = skr_requests(&s, skr, "k", mark).into_iter().filter(|(verb, _, _)| verb == "list").count();
+    assert_eq!(lists, 2, "one metadata-only list per kind after the restart");
+}

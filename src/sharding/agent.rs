@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use futures::FutureExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -134,7 +135,9 @@ impl Agent {
             r = filled => if r.is_err() { warn!("Kyma cache not filled within a lease duration; taking shards anyway") },
             () = token.cancelled() => {}
         }
-        loop {
+        // Stopped before the Kyma cache filled: take nothing (a shard taken now would be
+        // given up at once with an empty list of Kymas).
+        while !token.is_cancelled() {
             self.tick(&mut local, &mut written, &mut uids).await;
             // A sync ending matters only to a drain; otherwise thousands of syncs would each
             // cost a pass over every shard and Kyma.
@@ -259,7 +262,7 @@ impl Agent {
                 Action::Release => {
                     // Drained: no sync of the shard runs any more.
                     if let Some(memory) = &self.memory {
-                        memory.keep(shard, &self.kymas_of(shard)).await;
+                        memory.keep(shard, &self.kymas_of(shard), self.kymas_complete()).await;
                     }
                     let next = released(lease, Timestamp::now());
                     match self.write(shard, lease, next, written, uids).await {
@@ -317,6 +320,11 @@ impl Agent {
         self.metrics.shard_handover(shard, op);
         (self.on_release)(&self.kymas_of(shard));
         info!(shard, op = op.as_str(), "Gave up shard");
+    }
+
+    /// Whether the Kyma cache has finished its first list, so that a Kyma it lacks is gone.
+    fn kymas_complete(&self) -> bool {
+        self.kymas.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok())
     }
 
     fn kymas_of(&self, shard: u32) -> Vec<ObjectRef<Kyma>> {
@@ -393,7 +401,8 @@ impl Agent {
             .collect();
         if let Some(memory) = &self.memory {
             let kymas: Vec<_> = held.iter().map(|(shard, _)| (*shard, self.kymas_of(*shard))).collect();
-            futures::future::join_all(kymas.iter().map(|(shard, kymas)| memory.keep(*shard, kymas))).await;
+            let complete = self.kymas_complete();
+            futures::future::join_all(kymas.iter().map(|(shard, kymas)| memory.keep(*shard, kymas, complete))).await;
         }
         for (shard, lease) in held {
             match lease::write(&self.api, &released(lease, Timestamp::now()), self.timing.kcp_request_timeout).await {

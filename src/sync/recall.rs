@@ -13,7 +13,7 @@
 //! the SKRs are then verified with full lists. Nothing of a Secret but its UID and
 //! resourceVersion is written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -128,9 +128,21 @@ impl ShardMemory {
 
     /// Keeps the state of the SKRs of `kymas`, the Kymas of `shard`, for the next holder of the
     /// shard. Called when no sync of the shard runs any more, before the shard is released.
-    pub async fn keep(&self, shard: u32, kymas: &[ObjectRef<Kyma>]) {
+    ///
+    /// What this replica knows of an SKR replaces the stored entry; a stored entry of an SKR
+    /// it knows nothing of (a shard taken before the Kyma cache held its Kymas, or given up
+    /// before their first sync) is carried on, unless the Kyma is gone (`complete`: the Kyma
+    /// cache finished its first list, so a Kyma missing from `kymas` was deleted). A record
+    /// that would not change is not written again.
+    pub async fn keep(&self, shard: u32, kymas: &[ObjectRef<Kyma>], complete: bool) {
         let kept = self.records.remembered(kymas.iter().map(|k| k.name.as_str()));
-        self.save(shard, &kept).await;
+        let stored = self.read(shard).await;
+        let ours: HashSet<&str> = kymas.iter().map(|k| k.name.as_str()).collect();
+        let Some(next) = carried_on(stored, kept, |kyma| !complete || ours.contains(kyma)) else {
+            debug!(shard, "The shard's SKR record is unchanged");
+            return;
+        };
+        self.save(shard, &next).await;
     }
 
     /// Hands what the last holder of `shard` kept of the SKRs of `kymas` (the shard's Kymas)
@@ -138,7 +150,7 @@ impl ShardMemory {
     /// requeued.
     pub async fn recall(&self, shard: u32, kymas: &[ObjectRef<Kyma>]) {
         let mut kept = self.load(shard).await;
-        let ours: std::collections::HashSet<&str> = kymas.iter().map(|k| k.name.as_str()).collect();
+        let ours: HashSet<&str> = kymas.iter().map(|k| k.name.as_str()).collect();
         kept.retain(|kyma, _| ours.contains(kyma.as_str()));
         self.records.recall(kept);
     }
@@ -173,28 +185,71 @@ impl ShardMemory {
     /// Reads the record of `shard`: what was kept per Kyma, empty when there is none or it
     /// cannot be read (logged).
     async fn load(&self, shard: u32) -> BTreeMap<String, Kept> {
+        match self.read(shard).await {
+            Stored::Record(kept) => {
+                info!(shard, skrs = kept.len(), "Read the shard's SKR record");
+                kept
+            }
+            Stored::None | Stored::Unknown => BTreeMap::new(),
+        }
+    }
+
+    /// The record of `shard` as stored; read and decode failures are logged.
+    async fn read(&self, shard: u32) -> Stored {
         let name = config_map_name(shard);
         let found = match crate::kcp::bounded(self.timeout, self.api.get_opt(&name)).await {
             Ok(found) => found,
             Err(error) => {
                 warn!(shard, error = &error as &dyn std::error::Error, "Failed to read the shard's SKR record");
-                return BTreeMap::new();
+                return Stored::Unknown;
             }
         };
         let Some(text) = found.as_ref().and_then(|cm| cm.data.as_ref()).and_then(|d| d.get(MEMORY_KEY)) else {
-            return BTreeMap::new();
+            return Stored::None;
         };
         match decode(text) {
-            Ok(kept) => {
-                info!(shard, skrs = kept.len(), "Read the shard's SKR record");
-                kept
-            }
+            Ok(kept) => Stored::Record(kept),
             Err(error) => {
                 warn!(shard, %error, "Ignored an unreadable shard SKR record; its SKRs will be verified in full");
-                BTreeMap::new()
+                Stored::None
             }
         }
     }
+}
+
+/// A shard's record as read from the KCP.
+#[derive(Debug)]
+enum Stored {
+    /// No record, or one that cannot be used.
+    None,
+    /// The record could not be read.
+    Unknown,
+    /// What was kept per Kyma.
+    Record(BTreeMap<String, Kept>),
+}
+
+/// The record to write when what this replica knows of a shard's SKRs is `kept` and the
+/// stored record is `stored`: `kept`, plus each stored entry of a Kyma `kept` lacks for which
+/// `carry` holds; `None` when that is what is stored already, or when nothing is known and
+/// the stored record could not be read (an empty record must not replace one unread).
+fn carried_on(
+    stored: Stored,
+    mut kept: BTreeMap<String, Kept>,
+    carry: impl Fn(&str) -> bool,
+) -> Option<BTreeMap<String, Kept>> {
+    let stored = match stored {
+        Stored::Record(stored) => stored,
+        Stored::None if kept.is_empty() => return None,
+        Stored::Unknown if kept.is_empty() => return None,
+        Stored::None | Stored::Unknown => return Some(kept),
+    };
+    let unchanged = stored.clone();
+    for (kyma, entry) in stored {
+        if !kept.contains_key(&kyma) && carry(&kyma) {
+            kept.insert(kyma, entry);
+        }
+    }
+    (kept != unchanged).then_some(kept)
 }
 
 #[cfg(test)]
@@ -236,5 +291,34 @@ mod tests {
         let kept = decode(text).expect("decodes");
         assert_eq!(kept.keys().collect::<Vec<_>>(), ["good"], "a record of an older release (crds) still reads");
         assert_eq!(kept["good"].state.kinds[&CatalogKind::ModuleReleaseMeta], 2);
+    }
+
+    /// A shard taken before the Kyma cache held its Kymas, and given up again, knows none of
+    /// its SKRs: the good record stays as it is rather than being replaced by an empty one.
+    #[test]
+    fn an_empty_or_partial_record_never_replaces_a_good_one() {
+        let good: BTreeMap<String, Kept> =
+            [("a".to_owned(), kept("uid-a/1", [1, 2])), ("b".to_owned(), kept("uid-b/1", [3, 4]))].into();
+        let stored = || Stored::Record(good.clone());
+        assert_eq!(carried_on(stored(), BTreeMap::new(), |_| true), None, "nothing known: nothing written");
+        // Only `a` synced here since: `b` is carried on.
+        let a = kept("uid-a/1", [5, 6]);
+        let next = carried_on(stored(), [("a".to_owned(), a.clone())].into(), |_| true).expect("a changed");
+        assert_eq!(next["a"], a);
+        assert_eq!(next["b"], good["b"], "the entry of an SKR not synced here is carried on");
+        // `b` deleted (the Kyma cache is complete and lacks it): dropped.
+        let next = carried_on(stored(), [("a".to_owned(), a.clone())].into(), |k| k == "a").expect("changed");
+        assert_eq!(next.keys().collect::<Vec<_>>(), ["a"]);
+        // What is stored already is not written again.
+        assert_eq!(carried_on(stored(), [("a".to_owned(), good["a"].clone())].into(), |_| true), None);
+    }
+
+    #[test]
+    fn a_record_that_could_not_be_read_is_not_replaced_by_nothing() {
+        let a: BTreeMap<String, Kept> = [("a".to_owned(), kept("uid-a/1", [1, 2]))].into();
+        assert_eq!(carried_on(Stored::Unknown, BTreeMap::new(), |_| true), None);
+        assert_eq!(carried_on(Stored::None, BTreeMap::new(), |_| true), None);
+        assert_eq!(carried_on(Stored::Unknown, a.clone(), |_| true), Some(a.clone()));
+        assert_eq!(carried_on(Stored::None, a.clone(), |_| true), Some(a));
     }
 }
