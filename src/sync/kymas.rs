@@ -214,6 +214,11 @@ impl KymaRecords {
         depth
     }
 
+    /// How many syncs of `kyma` failed in a row (not counting one that just ended).
+    pub fn failures(&self, kyma: &str) -> u32 {
+        self.lock().by_kyma.get(kyma).map_or(0, |r| r.failures)
+    }
+
     /// Counts one more failed sync of `kyma`; returns how many failed in a row.
     pub fn record_failure(&self, kyma: &str) -> u32 {
         self.lock().change(kyma, |r| {

@@ -326,7 +326,10 @@ async fn reconcile_on_task(kyma: Arc<Kyma>, ctx: Arc<Context>) -> Result<Action>
                 observed_generation: kyma.metadata.generation,
             };
             let changed = write_condition(&kyma, &wanted, contested.is_some(), &ctx).await?;
-            if changed && err.needs_human() {
+            // While another manager holds the condition, it may not say this: the first
+            // failure in a row still gets its Event.
+            let unsaid = contested.is_some() && ctx.kymas.failures(&name) == 0;
+            if (changed || unsaid) && err.needs_human() {
                 publish_event(&kyma, &wanted, &ctx).await;
             }
             Err(err)
