@@ -63,6 +63,13 @@ pub enum SyncError {
         #[source]
         source: Box<kube::Error>,
     },
+    /// The SKR's sync namespace is being deleted: nothing can be written into it until it
+    /// is gone, when the next sync creates it again.
+    #[error("namespace {namespace} in the SKR is being deleted; it is created again once it is gone")]
+    SkrNamespaceDeleting {
+        /// Namespace name.
+        namespace: String,
+    },
     /// Checking or writing a catalog CRD in the SKR failed.
     #[error("failed to ensure CRD {name} in the SKR")]
     EnsureSkrCrd {
@@ -264,7 +271,7 @@ impl SyncError {
             SyncError::EnsureSkrNamespace { source, .. } | SyncError::EnsureSkrCrd { source, .. } => {
                 skr_api_reason(source).unwrap_or(R::CrdSyncFailed)
             }
-            SyncError::KcpCrdMissing { .. } => R::CrdSyncFailed,
+            SyncError::KcpCrdMissing { .. } | SyncError::SkrNamespaceDeleting { .. } => R::CrdSyncFailed,
             SyncError::ListSkrObjects { source, .. } => skr_api_reason(source).unwrap_or(R::ListFailed),
             SyncError::ApplySkrObject { source, .. } => skr_api_reason(source).unwrap_or(R::ApplyFailed),
             SyncError::PruneSkrObject { source, .. } => skr_api_reason(source).unwrap_or(R::PruneFailed),

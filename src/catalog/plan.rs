@@ -289,9 +289,14 @@ pub fn plan(desired: &BTreeMap<String, DesiredObject>, observed: &[Observed], me
             out.apply.push(want.clone());
             continue;
         };
-        let remembered = memory.matches(name, &have.resource_version, want.hash);
-        let verified = have.content.as_ref().is_some_and(|digest| digest.holds(&want.digest));
-        if remembered || verified {
+        // What a full list read decides; memory stands in for content only where none was
+        // read (a metadata-only list), so a memory that pairs a resourceVersion with content
+        // never read here (a shard record) cannot hide a drifted copy from a full list.
+        let unchanged = match &have.content {
+            Some(digest) => digest.holds(&want.digest),
+            None => memory.matches(name, &have.resource_version, want.hash),
+        };
+        if unchanged {
             out.unchanged.push((name.clone(), have.resource_version.clone(), want.hash));
         } else {
             out.apply.push(want.clone());

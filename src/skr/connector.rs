@@ -34,6 +34,11 @@ pub struct SkrState {
     /// restarts and handovers, [`crate::sync::recall`]): used by the first sync, which then
     /// verifies the SKR with metadata-only lists where the record still holds.
     pub recalled: Option<Recalled>,
+    /// Whether [`SkrState::memory`] came from a recalled record and no full list here has
+    /// confirmed the content it stands for since. A record pairs resourceVersions with
+    /// content digests that this replica never read; the next verification of the SKR (one
+    /// resync period after the recall at the latest) lists it in full.
+    pub content_unverified: bool,
 }
 
 /// What a replica keeps of one SKR's [`SkrState`] when it gives up its shard: enough to tell,

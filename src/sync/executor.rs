@@ -224,6 +224,10 @@ impl SkrTarget<'_> {
         // sync that fails after it is cold again.
         let recalled = if state.warm { None } else { state.recalled.take() };
         let warm = state.warm || recalled.is_some();
+        // Memory a record gave is trusted until the next verification, which reads the copies
+        // in full: a stale or forged record costs that one full list, never a repair.
+        let content_due = recalled.is_none() && state.content_unverified;
+        let mut used_record = false;
         // The namespace and the CRDs are checked on every sync that is not warm (a recalled
         // record never stands in for them) and at least once per resync period; else only
         // when the KCP's CRDs changed since they were last ensured here.
@@ -251,7 +255,7 @@ impl SkrTarget<'_> {
                 memory.shrink();
                 continue;
             }
-            let observed = match self.list(kind, !warm, Some(desired.of(kind))).await {
+            let observed = match self.list(kind, !warm || content_due, Some(desired.of(kind))).await {
                 Ok(o) => o,
                 Err(err) if matches!(&err, SyncError::ListSkrObjects { source, .. } if is_not_found(source)) => {
                     // The CRD vanished since we last looked (an SKR admin deleted it).
@@ -263,6 +267,7 @@ impl SkrTarget<'_> {
             let digest = recalled.as_ref().and_then(|r| r.kinds.get(&kind));
             if let Some(recalled) = digest.and_then(|d| KindMemory::recall(desired.of(kind), &observed, *d)) {
                 *memory = recalled;
+                used_record = true;
             }
             memory.retain_names(observed.iter().map(|o| o.name.as_str()));
             let mut plan = plan(desired.of(kind), &observed, memory);
@@ -280,6 +285,7 @@ impl SkrTarget<'_> {
             None => {
                 if listed_all {
                     state.verified_at = Some(tokio::time::Instant::now());
+                    state.content_unverified = used_record;
                 }
                 Ok(report)
             }
@@ -584,6 +590,12 @@ impl SkrTarget<'_> {
         let res = self.bounded(self.client.json::<Labelled>(request)).await;
         self.metrics.request(SkrVerb::Get, &res);
         match res {
+            // A namespace being deleted still answers, labelled, with its copies, until the
+            // namespace controller has emptied it: the SKR is not in sync until it is gone
+            // and created again.
+            Ok(held) if held.is_deleting() => {
+                return Err(SyncError::SkrNamespaceDeleting { namespace: self.namespace.to_owned() });
+            }
             Ok(held) if held.has(MANAGED_BY_LABEL, MANAGED_BY_VALUE) => return Ok(0),
             Ok(_) => {}
             Err(err) if is_not_found(&err) => {}

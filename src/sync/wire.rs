@@ -162,7 +162,12 @@ pub struct Labelled {
 struct LabelsOnly {
     #[serde(deserialize_with = "null_as_default")]
     labels: std::collections::BTreeMap<String, Capped<MAX_LABEL_VALUE>>,
+    #[serde(rename = "deletionTimestamp")]
+    deletion_timestamp: Option<Capped<MAX_TIMESTAMP>>,
 }
+
+/// Longest RFC 3339 time an apiserver writes (`2006-01-02T15:04:05Z`, with room to spare).
+const MAX_TIMESTAMP: usize = 64;
 
 /// Longest label value the apiserver accepts.
 pub const MAX_LABEL_VALUE: usize = 63;
@@ -171,6 +176,11 @@ impl Labelled {
     /// Whether the object carries label `key` with `value`.
     pub fn has(&self, key: &str, value: &str) -> bool {
         self.metadata.labels.get(key).and_then(Capped::as_str) == Some(value)
+    }
+
+    /// Whether the object is being deleted (it has a deletion timestamp).
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
     }
 }
 

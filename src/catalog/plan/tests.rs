@@ -144,6 +144,17 @@ fn cold_copy_whose_spec_differs_is_applied() {
     assert_eq!(plan.unchanged, vec![]);
 }
 
+/// Memory that names a copy's resourceVersion (a shard record, which may be forged or
+/// describe content this replica never read) does not outweigh what a full list read.
+#[test]
+fn a_full_list_decides_even_where_memory_names_the_listed_resource_version() {
+    let keda = desired_mt("keda", "1.0.0");
+    let observed = listed_copy_edited(&keda, "17", true, |c| c["spec"]["descriptor"]["edited"] = json!(true));
+    let memory = remember(&[("keda-1.0.0", "17", keda.hash)]);
+    let plan = plan(&desired_of([&keda]), &[observed], &memory);
+    assert_eq!(plan.apply, vec![keda], "the drifted copy is applied");
+}
+
 #[test]
 fn cold_copy_missing_a_desired_label_is_applied() {
     let keda = desired_mt("keda", "1.0.0");

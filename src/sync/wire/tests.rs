@@ -187,3 +187,15 @@ fn a_full_list_keeps_the_content_of_desired_objects_only() {
     let content: Vec<(&str, bool)> = page.items.iter().map(|o| (o.name.as_str(), o.content.is_some())).collect();
     assert_eq!(content, [("keda-1.0.0", true), ("someone-else", false)]);
 }
+
+#[test]
+fn a_namespace_being_deleted_is_told_from_one_that_stands() {
+    let read = |v: Value| serde_json::from_value::<Labelled>(v).expect("parses");
+    let standing = read(json!({"metadata": {"name": NS, "labels": {"operator.kyma-project.io/managed-by": "kyma"}}}));
+    assert!(standing.has("operator.kyma-project.io/managed-by", "kyma"));
+    assert!(!standing.is_deleting());
+    let deleting = read(json!({"metadata": {"name": NS, "deletionTimestamp": "2026-12-04T19:00:00Z",
+                                            "labels": {"operator.kyma-project.io/managed-by": "kyma"}}}));
+    assert!(deleting.is_deleting(), "labelled, but being deleted");
+    assert!(!read(json!({"metadata": {"deletionTimestamp": null}})).is_deleting());
+}
