@@ -258,7 +258,7 @@ async fn a_skewed_clock_forces_no_takeover() {
     let args = f.args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let preload = faketime.display().to_string();
-    let skewed = [("LD_PRELOAD", preload.as_str()), ("FAKETIME", "+120"), ("DONT_FAKE_MONOTONIC", "1")];
+    let skewed = [("LD_PRELOAD", preload.as_str()), ("FAKETIME", "+120"), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")];
     f.spawn_replica_as("ahead", "ahead", &args, &skewed).expect("spawn the skewed replica");
     f.spawn("r2");
     let before = holders(&f.await_converged(&["ahead", "r2"]).await);

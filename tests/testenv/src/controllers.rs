@@ -25,6 +25,10 @@ pub const CONTROLLERS: &[&str] = &[
     "root-ca-certificate-publisher-controller",
 ];
 
+/// The namespace controller (the 1.35 name), for
+/// [`ControllerManager::start_namespace_controller`].
+pub const NAMESPACE_CONTROLLER: &str = "namespace-controller";
+
 /// How often the HPA controller re-evaluates each HPA. The default is 15 s; the tests change
 /// an HPA's bounds and wait for the replica count to follow.
 pub const HPA_SYNC_PERIOD: Duration = Duration::from_secs(1);
@@ -53,6 +57,27 @@ impl ControllerManager {
             .arg("--secure-port=0")
             .arg(format!("--root-ca-file={}", cp.ca_path().display()))
             .arg(format!("--horizontal-pod-autoscaler-sync-period={}s", HPA_SYNC_PERIOD.as_secs()))
+            .arg("--v=2");
+        let log = dir.path().join("kube-controller-manager.log");
+        let process = ManagedProcess::spawn("kube-controller-manager", cmd, &log)?;
+        Ok(Self { process, _dir: dir })
+    }
+
+    /// Starts kube-controller-manager against `cp` as admin running the namespace controller
+    /// alone ([`NAMESPACE_CONTROLLER`]), without leader election and without a serving port:
+    /// a namespace deleted in `cp` then goes away as in a cluster (its contents deleted, then
+    /// the namespace finalized) instead of staying Terminating.
+    ///
+    /// # Errors
+    /// Fails when the binary is missing or cannot be spawned.
+    pub fn start_namespace_controller(cp: &ControlPlane) -> Result<Self> {
+        let bin = k8s_binary("TEST_ASSET_KUBE_CONTROLLER_MANAGER", "kube-controller-manager")?;
+        let dir = TestDir::new("namespace-controller", Some(cp.dir()))?;
+        let mut cmd = Command::new(bin);
+        cmd.arg(format!("--kubeconfig={}", cp.admin_kubeconfig_path().display()))
+            .arg(format!("--controllers={NAMESPACE_CONTROLLER}"))
+            .arg("--leader-elect=false")
+            .arg("--secure-port=0")
             .arg("--v=2");
         let log = dir.path().join("kube-controller-manager.log");
         let process = ManagedProcess::spawn("kube-controller-manager", cmd, &log)?;

@@ -357,7 +357,7 @@ pub fn k8s_binary(env_var: &str, name: &str) -> Result<PathBuf> {
 }
 
 /// The libfaketime library to `LD_PRELOAD` into a process whose wall clock a test offsets
-/// (`FAKETIME=+120`, with `DONT_FAKE_MONOTONIC=1` so its monotonic clock stays true).
+/// (`FAKETIME=+120`, with `FAKETIME_DONT_FAKE_MONOTONIC=1` so its monotonic clock stays true).
 /// `hack/test.sh` installs it (Debian package `libfaketime`).
 ///
 /// # Errors
