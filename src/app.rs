@@ -265,10 +265,12 @@ pub async fn run_with(
     .run(shutdown.clone(), shards_released.clone())
     .instrument(info_span!("membership"));
     let (debug_tx, debug_rx) = watch::channel(ShardsDebug::default());
-    metrics.observe_shards(debug_rx.clone()).map_err(AppError::Metrics)?;
+    crate::sharding::shard_gauges::register(metrics.registry(), debug_rx.clone()).map_err(AppError::Metrics)?;
     let (coordinator_tx, coordinator_rx) = watch::channel(CoordinatorView::default());
-    metrics.observe_coordinator(coordinator_rx.clone(), kyma_store.clone(), view.clone()).map_err(AppError::Metrics)?;
-    metrics.observe_kymas(Arc::clone(&kymas)).map_err(AppError::Metrics)?;
+    let (registry, coordinator) = (metrics.registry(), coordinator_rx.clone());
+    crate::sharding::coordinator_gauges::register(registry, coordinator, kyma_store.clone(), view.clone())
+        .map_err(AppError::Metrics)?;
+    crate::sync::kyma_gauges::register(metrics.registry(), Arc::clone(&kymas)).map_err(AppError::Metrics)?;
     let released = Arc::clone(&kymas);
     let agent_task = Agent {
         api: lease_api.clone(),
@@ -280,14 +282,16 @@ pub async fn run_with(
         leases: lease_store.clone(),
         kymas: kyma_store.clone(),
         requeue: requeue_tx.clone(),
-        on_release: Arc::new(move |kymas| {
-            for kyma in kymas {
-                released.release(&kyma.name);
-            }
-        }),
-        // Shadow mode writes nothing but its Leases.
-        memory: (mode == Mode::Active).then(|| {
-            ShardMemory::new(Api::namespaced(kcp.clone(), &lease_namespace), kcp_request_timeout, Arc::clone(&kymas))
+        // Shadow mode writes nothing but its Leases: no shard records.
+        work: Arc::new(crate::sync::handoff::Handoff {
+            kymas: released,
+            memory: (mode == Mode::Active).then(|| {
+                ShardMemory::new(
+                    Api::namespaced(kcp.clone(), &lease_namespace),
+                    kcp_request_timeout,
+                    Arc::clone(&kymas),
+                )
+            }),
         }),
         metrics: metrics.clone(),
         debug: debug_tx,
@@ -420,7 +424,7 @@ async fn report_ready(
     ready: watch::Sender<bool>,
 ) {
     secrets.until_ready().await;
-    let ok = published.changed().await.is_ok() && watches::until_ready(&kymas).await;
+    let ok = published.changed().await.is_ok() && crate::kcp::until_ready(&kymas).await;
     while view.is_fenced() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }

@@ -2,8 +2,10 @@
 //! timeout (its watches are long-lived), so a stalled KCP connection would otherwise hang a
 //! Lease renewal, a Lease write, an access Secret read or a condition write for as long as
 //! TCP keeps the connection: the replica would stay fenced after the network healed. A
-//! request cut off here drops its connection; the next one opens a new one.
+//! request cut off here drops its connection; the next one opens a new one. Also: when a
+//! cache of the KCP has finished its first list ([`until_ready`]).
 
+use kube::runtime::reflector::Store;
 use std::time::Duration;
 
 /// Default of `--kcp-request-timeout`.
@@ -30,6 +32,22 @@ pub fn timed_out(timeout: Duration) -> kube::Error {
         std::io::ErrorKind::TimedOut,
         format!("the KCP did not answer within {timeout:?} (--kcp-request-timeout)"),
     )))
+}
+
+/// Waits until a store finished its first list. A store's readiness signal wakes only its
+/// most recent waiter, and several tasks wait on the same stores, so poll it again
+/// periodically rather than sleeping on it.
+pub async fn until_ready<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_millis(200), store.wait_until_ready()).await {
+            Ok(result) => return result.is_ok(),
+            Err(_) => continue,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,17 +1,12 @@
 //! catalogsync keeps every SKR's copy of Kyma's module catalog (ModuleTemplates and
 //! ModuleReleaseMetas) in sync with the KCP.
 //!
-//! Layers, dependencies pointing down only:
-//!
-//! - [`api`]: CRD types and names;
-//! - [`catalog`]: pure snapshot, desired set, render and plan;
-//! - [`skr`]: access Secrets and SKR clients;
-//! - [`sync`]: the controller, the catalog watcher and the executor;
-//! - [`sharding`]: the ownership gate;
-//! - [`app`], [`http`], [`health`], [`metrics`], [`telemetry`], [`config`]: the process
-//!   around them; [`explain`]: `catalogsync explain`, one Kyma's catalog and why;
-//! - [`text`]: untrusted text made safe to print; [`kcp`]: bounded KCP requests; [`label`]:
-//!   bounded classifications (condition reasons, metric label values) as enums.
+//! The modules form layers, written once in `docs/architecture.md` ("Layers") and checked
+//! by `tests/architecture.rs`: a module uses only its own layer and those below, and no two
+//! files use each other. From the bottom: [`api`], [`text`], [`label`], [`kcp`], [`health`];
+//! [`catalog`] (pure); the pure parts and the client of [`skr`]; [`error`]; the rest of
+//! [`skr`]; [`config`], [`telemetry`], [`metrics`]; [`sharding`]; [`sync`]; [`watches`],
+//! [`explain`], [`http`]; [`app`].
 
 pub mod api;
 pub mod app;

@@ -7,12 +7,11 @@
 //! components record through methods named after what happened
 //! (`metrics.sync.finished(shard, outcome)`, `metrics.skr.request(verb, &result)`,
 //! `metrics.shard_handover(shard, op)`). Gauges that only restate the shard agent's state
-//! are computed at scrape time ([`shards::ShardCollector`]).
+//! are computed at scrape time by collectors that live beside the state they read and register
+//! themselves on [`Metrics::registry`] (`sharding::shard_gauges`, `sharding::coordinator_gauges`,
+//! `sync::kyma_gauges`): this module imports none of its users.
 
-pub mod coordinator;
-pub mod kymas;
 pub mod labels;
-pub mod shards;
 
 use std::time::Instant;
 
@@ -21,21 +20,15 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
-use tokio::sync::watch;
 
 pub use labels::{
     EvictionReason, HandoverOp, ObjectOp, ReachableState, RenewalResult, RequestResult, SkipReason, SkrVerb, SyncResult,
 };
 
-use crate::api::Kyma;
+use crate::api::ConditionStatus;
 use crate::catalog::{CatalogKind, WarningReason};
 use crate::error::ConditionReason;
 use crate::label::Label;
-use crate::sharding::ShardView;
-use crate::sharding::agent::ShardsDebug;
-use crate::sharding::coordinator::CoordinatorView;
-use crate::sync::condition::ConditionStatus;
-use kube::runtime::reflector::Store;
 
 /// Buckets of the sync duration histogram: a warm no-op sync is a few milliseconds, a cold
 /// sync of a large catalog a few seconds, a timeout tens of seconds.
@@ -96,8 +89,7 @@ impl Metrics {
     /// known label value at zero: an alert on `rate(…{result="error"}[5m])` then sees a 0,
     /// not an absent series, and every documented metric is in `/metrics` of a fresh
     /// replica. Series labelled by shard are created when the shard is taken and removed
-    /// when it leaves ([`Metrics::shard_handover`]). The gauges of the shard agent's state
-    /// come with [`Metrics::observe_shards`].
+    /// when it leaves ([`Metrics::shard_handover`]).
     ///
     /// # Errors
     /// Fails when a metric is registered twice, a bug.
@@ -115,40 +107,6 @@ impl Metrics {
         metrics.catalog.init_known_series();
         metrics.shard.init_known_series();
         Ok(metrics)
-    }
-
-    /// Registers the scrape-time gauges of the shard agent's published view
-    /// (`catalogsync_shard_owned_clusters`, `catalogsync_shards_held`,
-    /// `catalogsync_shard_drain_oldest_seconds`).
-    ///
-    /// # Errors
-    /// Fails when called twice on one registry.
-    pub fn observe_shards(&self, shards: watch::Receiver<ShardsDebug>) -> prometheus::Result<()> {
-        self.registry.register(Box::new(shards::ShardCollector::new(shards)?))
-    }
-
-    /// Computes `catalogsync_kyma_condition_contested` and the `catalogsync_shadow_*` gauges
-    /// at each scrape from the records of this replica's Kymas.
-    ///
-    /// # Errors
-    /// Fails when called twice on one registry.
-    pub fn observe_kymas(&self, kymas: std::sync::Arc<crate::sync::kymas::KymaRecords>) -> prometheus::Result<()> {
-        self.registry.register(Box::new(kymas::KymaCollector::new(kymas)?))
-    }
-
-    /// Computes `catalogsync_is_coordinator`, `catalogsync_unowned_clusters` and
-    /// `catalogsync_unowned_oldest_seconds` at each scrape from what the coordinator publishes
-    /// and the Kymas of `kymas`.
-    ///
-    /// # Errors
-    /// Fails when called twice on one registry.
-    pub fn observe_coordinator(
-        &self,
-        coordinator: watch::Receiver<CoordinatorView>,
-        kymas: Store<Kyma>,
-        view: ShardView,
-    ) -> prometheus::Result<()> {
-        self.registry.register(Box::new(coordinator::CoordinatorCollector::new(coordinator, kymas, view)?))
     }
 
     /// Counts a shard ownership change of `shard`. A shard taken (`claimed`, `resumed`) gets
@@ -622,7 +580,7 @@ impl CatalogMetrics {
 }
 
 /// Metrics of membership, shard ownership and the coordinator. The gauges of the shard
-/// agent's state are computed at scrape time ([`shards::ShardCollector`]).
+/// agent's state are computed at scrape time (`sharding::shard_gauges`).
 #[derive(Clone)]
 pub struct ShardMetrics {
     /// `catalogsync_shard_handovers_total{op}`.

@@ -151,19 +151,3 @@ pub fn catalog(
     let changes = stream::select(stream::select(mts, mrms), crds);
     (CatalogStores { templates: mt_store, release_metas: mrm_store, crds: crd_stores }, changes)
 }
-
-/// Waits until a store finished its first list. A store's readiness signal wakes only its
-/// most recent waiter, and several tasks wait on the same stores, so poll it again
-/// periodically rather than sleeping on it.
-pub async fn until_ready<K>(store: &Store<K>) -> bool
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    loop {
-        match tokio::time::timeout(std::time::Duration::from_millis(200), store.wait_until_ready()).await {
-            Ok(result) => return result.is_ok(),
-            Err(_) => continue,
-        }
-    }
-}

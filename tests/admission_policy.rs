@@ -11,9 +11,10 @@
 
 use std::time::Duration;
 
+use catalogsync::api::ConditionStatus;
 use catalogsync::api::{KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION};
 use catalogsync::error::ConditionReason;
-use catalogsync::sync::condition::{self, ConditionStatus, Wanted};
+use catalogsync::sync::condition::{self, Wanted};
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};

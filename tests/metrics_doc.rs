@@ -76,14 +76,16 @@ fn populated() -> Metrics {
         clusters: 1,
     };
     let (_, view) = tokio::sync::watch::channel(ShardsDebug { rows: vec![held], ..ShardsDebug::default() });
-    metrics.observe_shards(view).expect("shard gauges register");
+    catalogsync::sharding::shard_gauges::register(metrics.registry(), view).expect("shard gauges register");
     let (_, coordinator) = tokio::sync::watch::channel(CoordinatorView::default());
     let (kymas, _) = kube::runtime::reflector::store();
-    metrics.observe_coordinator(coordinator, kymas, ShardView::single_replica()).expect("coordinator gauges register");
+    let view = ShardView::single_replica();
+    catalogsync::sharding::coordinator_gauges::register(metrics.registry(), coordinator, kymas, view)
+        .expect("coordinator gauges register");
     let records = std::sync::Arc::new(KymaRecords::new(metrics.sync.clone(), metrics.skr.clone()));
     records.set_contested("k", 0, true);
     records.set_shadow("k", 0, ShadowCounts::default());
-    metrics.observe_kymas(records).expect("Kyma gauges register");
+    catalogsync::sync::kyma_gauges::register(metrics.registry(), records).expect("Kyma gauges register");
     metrics
 }
 

@@ -20,11 +20,12 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
+use catalogsync::api::ConditionStatus;
 use catalogsync::api::{KCP_FIELD_MANAGER, Kyma, MEMBER_LEFT_ANNOTATION, MEMBER_NONCE_ANNOTATION, member_lease_name};
 use catalogsync::config::{Cli, Command as CliCommand};
 use catalogsync::error::ConditionReason;
 use catalogsync::sharding::lease::new_member;
-use catalogsync::sync::condition::{self, ConditionStatus, Wanted};
+use catalogsync::sync::condition::{self, Wanted};
 use catalogsync::sync::recall::config_map_name;
 use clap::Parser as _;
 use futures::StreamExt as _;

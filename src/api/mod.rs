@@ -45,6 +45,17 @@ pub const SKR_FIELD_MANAGER: &str = "catalog-sync";
 pub const KCP_FIELD_MANAGER: &str = "catalogsync";
 /// Type of the Kyma status condition catalogsync owns.
 pub const MODULE_CATALOG_CONDITION: &str = "ModuleCatalog";
+crate::label_enum! {
+    /// The status of the `ModuleCatalog` condition; also the `status` label of
+    /// `catalogsync_kyma_condition_writes_total`.
+    pub enum ConditionStatus {
+        /// The SKR holds the desired catalog.
+        True => "True",
+        /// The last sync failed.
+        False => "False",
+    }
+}
+
 /// Annotation a copy must not carry into an SKR (it would restore KCP history there).
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 

@@ -24,6 +24,7 @@ use serde_json::Value;
 
 use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
 use crate::catalog::render::CopyDigest;
+pub use crate::catalog::snapshot::Disallowed;
 use crate::catalog::{CatalogKind, CopyBody, MrmView, MtView, Snapshot, serialize_copy};
 
 /// One object an SKR should hold.
@@ -189,18 +190,6 @@ pub fn desired_set(
     restricted_modules: &BTreeSet<String>,
 ) -> (DesiredSet, Vec<Warning>) {
     filter_profile(snapshot, &Profile::of(snapshot, kyma_labels, restricted_modules), restricted_modules, &mut ())
-}
-
-crate::label_enum! {
-    /// Why a ModuleTemplate is not allowed for a Kyma (R2.1, R2.2), in the order checked.
-    pub enum Disallowed {
-        /// `spec.mandatory: true`.
-        Mandatory => "mandatory",
-        /// Labelled beta, and the Kyma is not.
-        Beta => "beta",
-        /// Labelled internal, and the Kyma is not.
-        Internal => "internal",
-    }
 }
 
 crate::label_enum! {

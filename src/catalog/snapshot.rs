@@ -9,10 +9,21 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::api::{BETA_LABEL, ChannelVersion, INTERNAL_LABEL, is_flag_on};
-use crate::catalog::desired::Disallowed;
 use crate::catalog::render::{CopyDigest, render_copy};
 use crate::catalog::selector::KymaSelector;
 use crate::catalog::{CatalogKind, CopyBody, serialize_copy};
+
+crate::label_enum! {
+    /// Why a ModuleTemplate is not allowed for a Kyma (R2.1, R2.2), in the order checked.
+    pub enum Disallowed {
+        /// `spec.mandatory: true`.
+        Mandatory => "mandatory",
+        /// Labelled beta, and the Kyma is not.
+        Beta => "beta",
+        /// Labelled internal, and the Kyma is not.
+        Internal => "internal",
+    }
+}
 
 /// A ModuleTemplate, reduced to what the filter needs, plus its rendered SKR copy.
 #[derive(Debug, Clone, PartialEq)]

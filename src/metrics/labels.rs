@@ -1,7 +1,7 @@
 //! The values of every bounded metric label that is not defined next to what it classifies
 //! ([`CatalogKind`](crate::catalog::CatalogKind),
 //! [`ConditionReason`](crate::error::ConditionReason),
-//! [`ConditionStatus`](crate::sync::condition::ConditionStatus),
+//! [`ConditionStatus`](crate::api::ConditionStatus),
 //! [`WarningReason`](crate::catalog::WarningReason)).
 
 crate::label_enum! {

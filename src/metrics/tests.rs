@@ -3,7 +3,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use prometheus::proto::MetricFamily;
 
 use super::*;
-use crate::sharding::agent::{ShardRow, ShardState};
 
 /// The families of a gather, by name.
 fn families(metrics: &Metrics) -> BTreeMap<String, MetricFamily> {
@@ -108,46 +107,4 @@ fn a_shard_taken_has_its_series_and_a_shard_that_left_has_none() {
     let handovers = families(&m)["catalogsync_shard_handovers_total"].clone();
     let total: f64 = handovers.get_metric().iter().map(|s| s.get_counter().get_value()).sum();
     assert_eq!(total, 5.0);
-}
-
-fn row(shard: u32, state: ShardState, clusters: usize) -> ShardRow {
-    ShardRow {
-        shard,
-        holder: String::new(),
-        desired: String::new(),
-        state,
-        draining_since: None,
-        in_flight: 0,
-        clusters,
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn shard_gauges_are_read_from_the_published_view_at_scrape_time() {
-    let m = Metrics::new().expect("metrics register");
-    let (tx, rx) = watch::channel(ShardsDebug::default());
-    m.observe_shards(rx).expect("collector registers");
-    let gauge = |name: &str| families(&m).get(name).map(|f| f.get_metric()[0].get_gauge().get_value());
-    assert_eq!(gauge("catalogsync_shards_held"), Some(0.0));
-    assert_eq!(gauge("catalogsync_shard_drain_oldest_seconds"), Some(0.0));
-    assert!(series(&m, "catalogsync_shard_owned_clusters").is_empty());
-
-    let mut draining = row(2, ShardState::Draining, 4);
-    draining.draining_since = Some(tokio::time::Instant::now());
-    tx.send_replace(ShardsDebug {
-        rows: vec![row(0, ShardState::Active, 7), row(1, ShardState::Idle, 3), draining, row(3, ShardState::Active, 0)],
-        ..ShardsDebug::default()
-    });
-    tokio::time::advance(std::time::Duration::from_secs(4)).await;
-    assert_eq!(gauge("catalogsync_shards_held"), Some(2.0));
-    assert_eq!(gauge("catalogsync_shard_drain_oldest_seconds"), Some(4.0));
-    let owned = &families(&m)["catalogsync_shard_owned_clusters"];
-    let by_shard: BTreeMap<String, f64> =
-        owned.get_metric().iter().map(|s| (s.get_label()[0].value().to_owned(), s.get_gauge().get_value())).collect();
-    assert_eq!(by_shard, BTreeMap::from([("0".to_owned(), 7.0), ("3".to_owned(), 0.0)]));
-
-    // Shard 0 moved away: its series is gone at the next scrape.
-    tx.send_replace(ShardsDebug { rows: vec![row(3, ShardState::Active, 1)], ..ShardsDebug::default() });
-    assert_eq!(series(&m, "catalogsync_shard_owned_clusters"), BTreeSet::from([vec!["shard=3".to_owned()]]));
-    assert_eq!(gauge("catalogsync_shard_drain_oldest_seconds"), Some(0.0));
 }

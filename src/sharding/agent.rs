@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use futures::FutureExt as _;
+use futures::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -21,10 +22,18 @@ use crate::metrics::{HandoverOp, Metrics};
 use crate::sharding::handover::{Action, Facts, Local, decide};
 use crate::sharding::lease::{self, claimed, handover_started, holder_nonce, is_shard, released, shard_number};
 use crate::sharding::{ShardView, Timing};
-use crate::sync::recall::ShardMemory;
 
-/// Called with the Kymas of a shard this replica stopped working on (to drop their clients).
-pub type OnRelease = Arc<dyn Fn(&[ObjectRef<Kyma>]) + Send + Sync>;
+/// What the rest of the replica does when a shard changes hands here. Owned by `sharding`,
+/// implemented by the sync layer (`sync::handoff`), so the agent knows nothing of syncs.
+pub trait ShardWork: Send + Sync {
+    /// `shard` was taken; its Kymas are `kymas`. Called before they are requeued.
+    fn taken<'a>(&'a self, shard: u32, kymas: &'a [ObjectRef<Kyma>]) -> BoxFuture<'a, ()>;
+    /// `shard` is about to be released: no sync of it runs any more. `complete`: the Kyma
+    /// cache has finished its first list, so a Kyma missing from `kymas` is gone.
+    fn leaving<'a>(&'a self, shard: u32, kymas: &'a [ObjectRef<Kyma>], complete: bool) -> BoxFuture<'a, ()>;
+    /// A shard holding `kymas` was given up (released, or taken away).
+    fn released(&self, kymas: &[ObjectRef<Kyma>]);
+}
 
 crate::label_enum! {
     /// What this replica does with a shard, as `/debug/shards` shows it.
@@ -98,11 +107,8 @@ pub struct Agent {
     pub kymas: Store<Kyma>,
     /// Where Kymas of a claimed shard are requeued.
     pub requeue: mpsc::Sender<ObjectRef<Kyma>>,
-    /// Called for the Kymas of a shard given up.
-    pub on_release: OnRelease,
-    /// Where what this replica knows of a shard's SKRs is kept for the next holder when the
-    /// shard is released, and read when one is taken. `None`: nothing is kept.
-    pub memory: Option<ShardMemory>,
+    /// What the replica does with the Kymas of a shard taken, leaving and given up.
+    pub work: Arc<dyn ShardWork>,
     /// Metrics; the per-shard series of a shard are created when it is taken and removed
     /// when it leaves.
     pub metrics: Metrics,
@@ -130,7 +136,7 @@ impl Agent {
         let mut uids: HashMap<u32, String> = HashMap::new();
         // A shard is taken with its Kymas (requeued, and handed what the last holder kept of
         // their SKRs), so not before the Kyma cache holds them.
-        let filled = tokio::time::timeout(self.timing.lease_duration, crate::watches::until_ready(&self.kymas));
+        let filled = tokio::time::timeout(self.timing.lease_duration, crate::kcp::until_ready(&self.kymas));
         tokio::select! {
             r = filled => if r.is_err() { warn!("Kyma cache not filled within a lease duration; taking shards anyway") },
             () = token.cancelled() => {}
@@ -261,9 +267,7 @@ impl Agent {
                 }
                 Action::Release => {
                     // Drained: no sync of the shard runs any more.
-                    if let Some(memory) = &self.memory {
-                        memory.keep(shard, &self.kymas_of(shard), self.kymas_complete()).await;
-                    }
+                    self.work.leaving(shard, &self.kymas_of(shard), self.kymas_complete()).await;
                     let next = released(lease, Timestamp::now());
                     match self.write(shard, lease, next, written, uids).await {
                         Ok(()) => self.drop_shard(shard, local, HandoverOp::Released),
@@ -295,9 +299,7 @@ impl Agent {
         self.view.set_active(shard, true);
         self.metrics.shard_handover(shard, op);
         let kymas = self.kymas_of(shard);
-        if let Some(memory) = &self.memory {
-            memory.recall(shard, &kymas).await;
-        }
+        self.work.taken(shard, &kymas).await;
         info!(shard, clusters = kymas.len(), op = op.as_str(), "Took over shard");
         // Sync every SKR of the shard now: a previous holder may have been interrupted.
         for kyma in kymas {
@@ -318,7 +320,7 @@ impl Agent {
         self.view.set_active(shard, false);
         // Counts the change and removes the shard's series here (`Metrics::shard_left`).
         self.metrics.shard_handover(shard, op);
-        (self.on_release)(&self.kymas_of(shard));
+        self.work.released(&self.kymas_of(shard));
         info!(shard, op = op.as_str(), "Gave up shard");
     }
 
@@ -399,11 +401,9 @@ impl Agent {
             .filter_map(|shard| Some((shard, leases.get(&shard)?)))
             .filter(|(_, lease)| lease::state(lease).holder == self.identity)
             .collect();
-        if let Some(memory) = &self.memory {
-            let kymas: Vec<_> = held.iter().map(|(shard, _)| (*shard, self.kymas_of(*shard))).collect();
-            let complete = self.kymas_complete();
-            futures::future::join_all(kymas.iter().map(|(shard, kymas)| memory.keep(*shard, kymas, complete))).await;
-        }
+        let kymas: Vec<_> = held.iter().map(|(shard, _)| (*shard, self.kymas_of(*shard))).collect();
+        let complete = self.kymas_complete();
+        futures::future::join_all(kymas.iter().map(|(shard, kymas)| self.work.leaving(*shard, kymas, complete))).await;
         for (shard, lease) in held {
             match lease::write(&self.api, &released(lease, Timestamp::now()), self.timing.kcp_request_timeout).await {
                 Ok(_) => self.drop_shard(shard, local, HandoverOp::Released),
@@ -427,6 +427,19 @@ mod tests {
     use super::*;
     use crate::api::shard_lease_name;
     use crate::sharding::lease::{new_shard, with_desired};
+
+    /// Nothing to do with the Kymas of a shard.
+    struct NoWork;
+
+    impl ShardWork for NoWork {
+        fn taken<'a>(&'a self, _: u32, _: &'a [ObjectRef<Kyma>]) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+        fn leaving<'a>(&'a self, _: u32, _: &'a [ObjectRef<Kyma>], _: bool) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+        fn released(&self, _: &[ObjectRef<Kyma>]) {}
+    }
 
     const NAMESPACE: &str = "kcp-system";
     const RETRY: Duration = Duration::from_secs(2);
@@ -491,8 +504,7 @@ mod tests {
             leases,
             kymas,
             requeue,
-            on_release: Arc::new(|_| {}),
-            memory: None,
+            work: Arc::new(NoWork),
             metrics: Metrics::new().expect("metrics"),
             debug: watch::channel(ShardsDebug::default()).0,
             coordinator: watch::channel(crate::sharding::coordinator::CoordinatorView::default()).1,

@@ -6,19 +6,23 @@
 //! - [`view`]: the ownership gate the sync path checks;
 //! - [`liveness`]: the coordinator's pure judgement of which members are alive;
 //! - [`placement`]: the coordinator's pure decision of which shard Leases to create and change;
-//! - [`lease`], [`membership`], [`agent`], [`coordinator`]: the Lease I/O.
+//! - [`lease`], [`membership`], [`agent`], [`coordinator`]: the Lease I/O;
+//! - [`shard_gauges`], [`coordinator_gauges`]: the scrape-time gauges of the agent's and the
+//!   coordinator's state, registered on the registry they are handed.
 //!
 //! See `docs/architecture.md` for the protocol and why it never lets two replicas write to
 //! one SKR.
 
 pub mod agent;
 pub mod coordinator;
+pub mod coordinator_gauges;
 pub mod handover;
 pub mod lease;
 pub mod liveness;
 pub mod membership;
 pub mod placement;
 pub mod ring;
+pub mod shard_gauges;
 pub mod table;
 pub mod view;
 

@@ -141,7 +141,7 @@ pub fn find_access_secret<'a>(
 }
 
 /// An access Secret as a sync needs it: its name, and the version an access built from it
-/// depends on (`uid/resourceVersion`, [`crate::skr::connector::secret_version`]).
+/// depends on (`uid/resourceVersion`, [`secret_version`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SecretRef {
     /// The Secret's name in the Kymas' namespace.
@@ -153,10 +153,7 @@ pub struct SecretRef {
 impl SecretRef {
     /// The reference to the Secret `meta` describes.
     pub fn of(meta: &PartialObjectMeta<Secret>) -> Self {
-        Self {
-            name: meta.metadata.name.clone().unwrap_or_default(),
-            version: crate::skr::connector::secret_version(meta),
-        }
+        Self { name: meta.metadata.name.clone().unwrap_or_default(), version: secret_version(meta) }
     }
 }
 
@@ -294,7 +291,7 @@ impl AccessSecrets {
             return None;
         }
         let kyma = meta.labels.as_ref()?.get(KYMA_NAME_LABEL)?;
-        Some((meta.name.as_deref()?, kyma, crate::skr::connector::secret_version(secret)))
+        Some((meta.name.as_deref()?, kyma, secret_version(secret)))
     }
 
     /// Whether the first list ended.
@@ -543,6 +540,15 @@ fn build_client(
         })
         .service(pool);
     Ok(Client::new(service, config.default_namespace.clone()))
+}
+
+/// The version of a Secret that an access depends on: `uid/resourceVersion`.
+pub fn secret_version(meta: &PartialObjectMeta<Secret>) -> String {
+    format!(
+        "{}/{}",
+        meta.metadata.uid.as_deref().unwrap_or_default(),
+        meta.metadata.resource_version.as_deref().unwrap_or_default()
+    )
 }
 
 #[cfg(test)]

@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::PartialObjectMeta;
 use kube::{Api, Client};
 
 use crate::catalog::{CatalogKind, KindMemory};
@@ -104,15 +103,6 @@ pub struct SkrConnector {
     namespace: String,
     settings: AccessSettings,
     kcp_timeout: std::time::Duration,
-}
-
-/// The version of a Secret that an access depends on: `uid/resourceVersion`.
-pub fn secret_version(meta: &PartialObjectMeta<Secret>) -> String {
-    format!(
-        "{}/{}",
-        meta.metadata.uid.as_deref().unwrap_or_default(),
-        meta.metadata.resource_version.as_deref().unwrap_or_default()
-    )
 }
 
 impl SkrConnector {

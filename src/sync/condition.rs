@@ -7,16 +7,7 @@ use serde_json::{Value, json};
 use crate::api::{GROUP, KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, VERSION};
 use crate::error::ConditionReason;
 
-crate::label_enum! {
-    /// The status of the `ModuleCatalog` condition; also the `status` label of
-    /// `catalogsync_kyma_condition_writes_total`.
-    pub enum ConditionStatus {
-        /// The SKR holds the desired catalog.
-        True => "True",
-        /// The last sync failed.
-        False => "False",
-    }
-}
+use crate::api::ConditionStatus;
 
 /// The condition catalogsync wants on a Kyma, without timestamps.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,8 +10,17 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use crate::catalog::{CatalogKind, Comparison};
 use crate::error::Result;
 use crate::metrics::{EvictionReason, SkrClientMetrics, SyncMetrics};
-use crate::skr::{SecretRef, SkrConnector, SkrEntry};
-use crate::sync::recall::Kept;
+use crate::skr::{Recalled, SecretRef, SkrConnector, SkrEntry};
+
+/// What is kept of one SKR across restarts and handovers (in a shard record,
+/// [`crate::sync::recall`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// `uid/resourceVersion` of the access Secret the SKR was reached with.
+    pub secret_version: String,
+    /// The state.
+    pub state: Recalled,
+}
 
 /// The records of the Kymas this replica syncs, keyed by Kyma name.
 pub struct KymaRecords {

@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 use crate::api::{KCP_FIELD_MANAGER, Kyma};
 use crate::catalog::CatalogKind;
 use crate::skr::Recalled;
-use crate::sync::kymas::KymaRecords;
+use crate::sync::kymas::{Kept, KymaRecords};
 
 /// The key of the record in a shard's ConfigMap.
 pub const MEMORY_KEY: &str = "skrs.json";
@@ -42,15 +42,6 @@ const MAX_RECORD_BYTES: usize = 900 * 1024;
 /// The name of the ConfigMap of `shard`.
 pub fn config_map_name(shard: u32) -> String {
     format!("catalogsync-shard-{shard}-memory")
-}
-
-/// What is kept of one SKR.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Kept {
-    /// `uid/resourceVersion` of the access Secret the SKR was reached with.
-    pub secret_version: String,
-    /// The state.
-    pub state: Recalled,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

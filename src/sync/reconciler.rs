@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::api::ConditionStatus;
 use crate::api::{KCP_FIELD_MANAGER, Kyma, MODULE_CATALOG_CONDITION, SKIP_RECONCILIATION_LABEL, is_flag_on};
 use crate::catalog::CatalogKind;
 use crate::config::Mode;
@@ -28,7 +29,7 @@ use crate::error::{Result, SyncError};
 use crate::metrics::{EvictionReason, Metrics, ObjectOp, SkipReason, SyncOutcome};
 use crate::sharding::ShardView;
 use crate::skr::{AccessSecrets, SkrConnector, SkrState};
-use crate::sync::condition::{self, ConditionStatus, Wanted};
+use crate::sync::condition::{self, Wanted};
 use crate::sync::executor::{SkrTarget, SyncReport};
 use crate::sync::kymas::{KymaRecords, ShadowCounts};
 use crate::sync::label_keys::KymaLabelKeys;

@@ -36,7 +36,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use catalogsync::api::Kyma;
 use catalogsync::app::signal_handler;
-use catalogsync::watches::until_ready;
+use catalogsync::kcp::until_ready;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::runtime::reflector::Store;

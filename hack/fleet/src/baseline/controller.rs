@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use catalogsync::api::Kyma;
-use catalogsync::watches::until_ready;
+use catalogsync::kcp::until_ready;
 use futures::{StreamExt, future};
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};

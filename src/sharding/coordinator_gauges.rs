@@ -14,6 +14,21 @@ use crate::api::Kyma;
 use crate::sharding::ShardView;
 use crate::sharding::coordinator::CoordinatorView;
 
+/// Registers on `registry` the gauges computed at each scrape from what the coordinator
+/// publishes and the Kymas of `kymas` (`catalogsync_is_coordinator`,
+/// `catalogsync_unowned_clusters`, `catalogsync_unowned_oldest_seconds`).
+///
+/// # Errors
+/// Fails when called twice on one registry.
+pub fn register(
+    registry: &prometheus::Registry,
+    coordinator: watch::Receiver<CoordinatorView>,
+    kymas: Store<Kyma>,
+    view: ShardView,
+) -> prometheus::Result<()> {
+    registry.register(Box::new(CoordinatorCollector::new(coordinator, kymas, view)?))
+}
+
 const LEADING: (&str, &str) = ("catalogsync_is_coordinator", "1 when this replica is the coordinator, else 0.");
 const CLUSTERS: (&str, &str) =
     ("catalogsync_unowned_clusters", "SKRs whose shard has no live holder (coordinator only; 0 elsewhere).");

@@ -12,6 +12,16 @@ use prometheus::{IntGaugeVec, Opts};
 use crate::catalog::CatalogKind;
 use crate::sync::kymas::KymaRecords;
 
+/// Registers on `registry` `catalogsync_kyma_condition_contested` and the
+/// `catalogsync_shadow_*` gauges, computed at each scrape from the records of this replica's
+/// Kymas.
+///
+/// # Errors
+/// Fails when called twice on one registry.
+pub fn register(registry: &prometheus::Registry, kymas: Arc<KymaRecords>) -> prometheus::Result<()> {
+    registry.register(Box::new(KymaCollector::new(kymas)?))
+}
+
 const CONTESTED: (&str, &str) = (
     "catalogsync_kyma_condition_contested",
     "Kymas whose ModuleCatalog condition another field manager keeps applying; catalogsync leaves it to that manager.",

@@ -9,6 +9,16 @@ use tokio::sync::watch;
 
 use crate::sharding::agent::{ShardState, ShardsDebug};
 
+/// Registers the gauges of the view the shard agent publishes on `registry`
+/// (`catalogsync_shard_owned_clusters`, `catalogsync_shards_held`,
+/// `catalogsync_shard_drain_oldest_seconds`).
+///
+/// # Errors
+/// Fails when called twice on one registry.
+pub fn register(registry: &prometheus::Registry, view: watch::Receiver<ShardsDebug>) -> prometheus::Result<()> {
+    registry.register(Box::new(ShardCollector::new(view)?))
+}
+
 const OWNED: (&str, &str) = ("catalogsync_shard_owned_clusters", "SKRs (Kymas) in each shard this replica holds.");
 const HELD: (&str, &str) = ("catalogsync_shards_held", "Shards this replica holds and works on.");
 const DRAIN_OLDEST: (&str, &str) = (
@@ -96,5 +106,77 @@ impl Collector for ShardCollector {
                 Vec::new()
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+    use crate::sharding::agent::ShardRow;
+
+    fn families(registry: &prometheus::Registry) -> BTreeMap<String, MetricFamily> {
+        registry.gather().into_iter().map(|f| (f.name().to_owned(), f)).collect()
+    }
+
+    /// The label sets (`key=value`) of `name`'s series.
+    fn series(registry: &prometheus::Registry, name: &str) -> BTreeSet<Vec<String>> {
+        families(registry).get(name).map_or_else(BTreeSet::new, |f| {
+            f.get_metric()
+                .iter()
+                .map(|m| m.get_label().iter().map(|l| format!("{}={}", l.name(), l.value())).collect())
+                .collect()
+        })
+    }
+
+    fn row(shard: u32, state: ShardState, clusters: usize) -> ShardRow {
+        ShardRow {
+            shard,
+            holder: String::new(),
+            desired: String::new(),
+            state,
+            draining_since: None,
+            in_flight: 0,
+            clusters,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shard_gauges_are_read_from_the_published_view_at_scrape_time() {
+        let m = prometheus::Registry::new();
+        let (tx, rx) = watch::channel(ShardsDebug::default());
+        register(&m, rx).expect("collector registers");
+        let gauge = |name: &str| families(&m).get(name).map(|f| f.get_metric()[0].get_gauge().get_value());
+        assert_eq!(gauge("catalogsync_shards_held"), Some(0.0));
+        assert_eq!(gauge("catalogsync_shard_drain_oldest_seconds"), Some(0.0));
+        assert!(series(&m, "catalogsync_shard_owned_clusters").is_empty());
+
+        let mut draining = row(2, ShardState::Draining, 4);
+        draining.draining_since = Some(tokio::time::Instant::now());
+        tx.send_replace(ShardsDebug {
+            rows: vec![
+                row(0, ShardState::Active, 7),
+                row(1, ShardState::Idle, 3),
+                draining,
+                row(3, ShardState::Active, 0),
+            ],
+            ..ShardsDebug::default()
+        });
+        tokio::time::advance(std::time::Duration::from_secs(4)).await;
+        assert_eq!(gauge("catalogsync_shards_held"), Some(2.0));
+        assert_eq!(gauge("catalogsync_shard_drain_oldest_seconds"), Some(4.0));
+        let owned = &families(&m)["catalogsync_shard_owned_clusters"];
+        let by_shard: BTreeMap<String, f64> = owned
+            .get_metric()
+            .iter()
+            .map(|s| (s.get_label()[0].value().to_owned(), s.get_gauge().get_value()))
+            .collect();
+        assert_eq!(by_shard, BTreeMap::from([("0".to_owned(), 7.0), ("3".to_owned(), 0.0)]));
+
+        // Shard 0 moved away: its series is gone at the next scrape.
+        tx.send_replace(ShardsDebug { rows: vec![row(3, ShardState::Active, 1)], ..ShardsDebug::default() });
+        assert_eq!(series(&m, "catalogsync_shard_owned_clusters"), BTreeSet::from([vec!["shard=3".to_owned()]]));
+        assert_eq!(gauge("catalogsync_shard_drain_oldest_seconds"), Some(0.0));
     }
 }
