@@ -586,7 +586,7 @@ fn every_alert_links_to_its_playbook() {
             assert!(rule["labels"]["severity"].is_string(), "{alert} has no severity");
         }
     }
-    assert_eq!(alerts, 6, "the five alerts of issue 4 and the shrink guard's");
+    assert_eq!(alerts, 7, "the five sharding and sync alerts, the shrink guard's and the lasting contest's");
 }
 
 /// For each flag in the `--help` of `catalogsync <sub>`: its `[env: X=]` and `[default: Y]`.
